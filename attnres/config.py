@@ -1,0 +1,205 @@
+"""Configuration dataclasses and the named preset registry.
+
+A run is fully described by a :class:`RunConfig` (model + training). It is resolved from three
+layers, each overriding the one before: a preset (sizes and schedule), a variant (the residual
+path, and for the deep variants a change of shape), then ``--set key=value`` overrides. The
+resolved config is stored with every run, so a report can always say what was trained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal
+
+from attnres.errors import AttnresError, unknown
+
+
+@dataclass(frozen=True)
+class ResidualSpec:
+    """How the residual stream combines depth steps; one instance per variant.
+
+    ``kind="standard"`` is ``x = x + f(x)``. ``kind="depth"`` builds each step's input by softmax
+    attention, per token, over *sources*: the embedding, completed block representations, the
+    current block's partial state and a window of recent raw outputs. The other fields select the
+    source set, the query, the keys and any bias, so every AttnRes variant is data, not code.
+    """
+
+    kind: Literal["standard", "depth"] = "standard"
+    granularity: Literal["layer", "sublayer"] = "layer"  # a depth step = a layer or a sublayer
+    block_size: int = 1  # depth steps per block (1 = every output is its own source)
+    n_blocks: int = 0  # if > 0, block_size = ceil(steps / n_blocks) (the paper's N)
+    reduce: Literal["mean", "sum"] = "mean"  # block representation from its outputs
+    partial: bool = True  # attend to the current block's partial state
+    window: int = 0  # also attend to this many most recent raw outputs
+    query: Literal["site", "group", "shared"] = "site"  # who owns a query vector
+    query_group: int = 1  # sites per query when query == "group"
+    query_rank: int = 0  # > 0: input-dependent low-rank query modulation of this rank
+    key_gain: Literal["site", "source"] = "site"  # RMSNorm gain per site or per depth position
+    alibi: bool = False  # learned linear penalty on depth distance
+    rope: bool = False  # rotary encoding of depth position on queries and keys
+    sparse_near: int = 0  # > 0: attend only to this many nearest blocks ...
+    sparse_stride: int = 0  # ... plus every stride-th older block
+    value_proj: bool = False  # learned projection of completed block representations
+
+    def blocks_for(self, n_steps: int) -> int:
+        """Depth steps per block for a model with ``n_steps`` depth steps."""
+        if self.n_blocks > 0:
+            return max(1, math.ceil(n_steps / self.n_blocks))
+        return self.block_size
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of the GPT-style decoder (nanoGPT's GPTConfig, with RoPE/SwiGLU/RMSNorm)."""
+
+    vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64
+    seq_len: int = 64
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 64
+    mlp_multiple_of: int = 32  # SwiGLU hidden = 8/3 d rounded up to this (llama convention)
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    residual: ResidualSpec = field(default_factory=ResidualSpec)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def mlp_hidden(self) -> int:
+        m = self.mlp_multiple_of
+        return m * math.ceil(int(8 * self.d_model / 3) / m)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation and bookkeeping of one run."""
+
+    steps: int = 200
+    batch_size: int = 16  # sequences per rank per micro-step
+    grad_accum: int = 1
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 20
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    eval_every: int = 25
+    eval_batches: int = 8
+    log_every: int = 5
+    checkpoint_every: int = 0  # 0 = only at the end
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 on CUDA, fp32 on CPU
+    compile: bool = False
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that determines a run's result: recorded with the run, hashed for de-dup."""
+
+    variant: str
+    preset: str
+    seed: int
+    model: ModelConfig
+    train: TrainConfig
+    data: str = "builtin"
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @property
+    def config_hash(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:12]
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+        model = dict(d["model"])
+        model["residual"] = ResidualSpec(**model["residual"])
+        return cls(
+            variant=d["variant"], preset=d["preset"], seed=d["seed"], data=d.get("data", "builtin"),
+            model=ModelConfig(**model), train=TrainConfig(**d["train"]),
+        )
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named size: model shape and training schedule (litgpt-style registry entry)."""
+
+    name: str
+    description: str
+    model: ModelConfig
+    train: TrainConfig
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in [
+        Preset(
+            "tiny", "CPU smoke size: 4L d64, seconds per run",
+            ModelConfig(n_layer=4, d_model=64, n_head=4, seq_len=64),
+            TrainConfig(steps=200, batch_size=16, lr=3e-3, warmup=20, eval_every=25),
+        ),
+        Preset(
+            "small", "CPU minutes: 12L d256",
+            ModelConfig(n_layer=12, d_model=256, n_head=4, seq_len=256),
+            TrainConfig(steps=2000, batch_size=16, lr=1e-3, warmup=100, eval_every=100,
+                        eval_batches=16, log_every=10),
+        ),
+        Preset(
+            "paper500m", "the results document's 24L d1536 model on FineWeb-Edu",
+            ModelConfig(n_layer=24, d_model=1536, n_head=12, seq_len=1024, mlp_multiple_of=256),
+            TrainConfig(steps=19073, batch_size=16, lr=6e-4, warmup=700, eval_every=250,
+                        eval_batches=40, log_every=10, checkpoint_every=1000),
+        ),
+        Preset(
+            "deep48", "the results document's 48L d1080 model (same parameters as paper500m)",
+            ModelConfig(n_layer=48, d_model=1080, n_head=12, seq_len=1024, mlp_multiple_of=256),
+            TrainConfig(steps=19073, batch_size=16, lr=6e-4, warmup=700, eval_every=250,
+                        eval_batches=40, log_every=10, checkpoint_every=1000),
+        ),
+    ]
+}
+
+
+def get_preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise unknown("preset", name, PRESETS)
+    return PRESETS[name]
+
+
+def _coerce(value: str, current: Any, key: str) -> Any:
+    """Parse an override string into the type of the field it replaces."""
+    try:
+        if isinstance(current, bool):
+            if value.lower() not in {"true", "false", "1", "0"}:
+                raise ValueError(value)
+            return value.lower() in {"true", "1"}
+        if isinstance(current, int):
+            return int(value)
+        if isinstance(current, float):
+            return float(value)
+    except ValueError:
+        raise AttnresError(f"bad value '{value}' for {key}: expected {type(current).__name__}") from None
+    return value
+
+
+def apply_overrides(model: ModelConfig, train: TrainConfig, overrides: list[str]) -> tuple[ModelConfig, TrainConfig]:
+    """Apply ``key=value`` overrides; a key names a field of ModelConfig, TrainConfig or ResidualSpec."""
+    groups: dict[str, Any] = {"model": model, "train": train, "residual": model.residual}
+    changes: dict[str, dict[str, Any]] = {k: {} for k in groups}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise AttnresError(f"bad override '{item}': expected key=value, e.g. n_layer=2")
+        owner = next((g for g, obj in groups.items() if key in {f.name for f in fields(obj)}), None)
+        if owner is None or key == "residual":
+            names = [f.name for obj in groups.values() for f in fields(obj) if f.name != "residual"]
+            raise unknown("setting", key, names)
+        changes[owner][key] = _coerce(value, getattr(groups[owner], key), key)
+    residual = replace(model.residual, **changes["residual"])
+    return replace(model, residual=residual, **changes["model"]), replace(train, **changes["train"])

@@ -1,0 +1,1 @@
+"""Corpora, tokenization, shard preparation and the training loader."""

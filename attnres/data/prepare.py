@@ -1,0 +1,203 @@
+"""Turn a document source into uint16 token shards with a manifest.
+
+Layout of a prepared dataset folder::
+
+    manifest.json           source, tokenizer, counts, shard list with sha256; "complete" flag
+    train_000000.bin ...    uint16 GPT-2 tokens, each document preceded by <|endoftext|>
+    eval_000000.bin ...     the held-out documents (chosen by id hash, never in train)
+
+Shards are written to ``*.tmp`` and renamed only when whole, and the manifest is rewritten
+atomically after every checkpoint, so an interrupted prepare never leaves a half shard that
+looks complete: re-running skips the documents already in finished shards and goes on.
+Re-running a complete prepare with the same parameters is a no-op.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+
+from attnres.data import corpus
+from attnres.data.tokenizer import ENCODING, EOT, VOCAB, get_encoding
+from attnres.errors import AttnresError
+
+MANIFEST = "manifest.json"
+SPLITS = ("train", "eval")
+
+
+@dataclass
+class Source:
+    """What to prepare; its fields (and eval_fraction) identify the dataset in the manifest."""
+
+    kind: str  # "builtin" | "files" | "hub"
+    files: list[str] = field(default_factory=list)
+    repo: str = corpus.FINEWEB_REPO
+    config: str = corpus.FINEWEB_CONFIG
+    max_tokens: int = 0  # 0 = no cap
+    eval_fraction: float = 0.1
+
+    def documents(self) -> Iterator[corpus.Document]:
+        if self.kind == "builtin":
+            return corpus.builtin_documents()
+        if self.kind == "files":
+            return corpus.file_documents(self.files)
+        return corpus.hub_documents(self.repo, self.config)
+
+    def identity(self) -> dict:
+        d = asdict(self)
+        if self.kind == "files":
+            d["files"] = [str(Path(f).resolve()) for f in corpus._expand(self.files)]
+        return d
+
+
+@dataclass
+class Summary:
+    path: Path
+    documents: int
+    tokens: dict[str, int]
+    seconds: float
+    skipped: bool  # True when the dataset was already complete
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_json_atomic(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def read_manifest(path: Path) -> dict:
+    """The manifest of a prepared dataset; a clear error if there is none."""
+    m = Path(path) / MANIFEST
+    if not m.exists():
+        raise AttnresError(f"no prepared data at '{path}': run `attnres data prepare` first")
+    manifest = json.loads(m.read_text())
+    if not manifest.get("complete"):
+        raise AttnresError(f"data at '{path}' is only partly prepared: re-run `attnres data prepare`")
+    return manifest
+
+
+def _fresh_manifest(source: Source) -> dict:
+    return {
+        "version": 1, "source": source.identity(), "tokenizer": ENCODING, "eot": EOT,
+        "vocab_size": VOCAB, "dtype": "uint16", "complete": False, "docs_done": 0,
+        "splits": {s: {"shards": [], "tokens": 0, "documents": 0} for s in SPLITS},
+    }
+
+
+def _batches(docs: Iterator[corpus.Document], size: int) -> Iterator[list[corpus.Document]]:
+    while batch := list(islice(docs, size)):
+        yield batch
+
+
+def prepare(source: Source, out: Path, shard_tokens: int = 50_000_000, batch_docs: int = 512,
+            threads: int | None = None, force: bool = False,
+            on_progress: Callable[[int, int], None] | None = None) -> Summary:
+    """Tokenize ``source`` into ``out``; resume an interrupted run; no-op when already done.
+
+    ``on_progress(documents, tokens)`` is called after every batch (the CLI draws a bar).
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    mpath = out / MANIFEST
+    manifest = json.loads(mpath.read_text()) if mpath.exists() else None
+    identity = source.identity()
+    if manifest and (force or manifest["source"] != identity):
+        if not force:
+            raise AttnresError(f"'{out}' holds a different dataset; use another --out or --force")
+        for f in out.glob("*.bin*"):
+            f.unlink()
+        manifest = None
+    if manifest and manifest["complete"]:
+        tokens = {s: manifest["splits"][s]["tokens"] for s in SPLITS}
+        return Summary(out, manifest["docs_done"], tokens, 0.0, skipped=True)
+    manifest = manifest or _fresh_manifest(source)
+    for stale in out.glob("*.tmp"):
+        stale.unlink()
+
+    enc = get_encoding()
+    threads = threads or max(1, os.cpu_count() or 1)
+    t0 = time.perf_counter()
+    docs = source.documents()
+    done = manifest["docs_done"]
+    for _ in islice(docs, done):  # documents already in finished shards
+        pass
+    buffers: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
+    buffered = {s: 0 for s in SPLITS}
+    ndocs = {s: 0 for s in SPLITS}
+    total = sum(manifest["splits"][s]["tokens"] for s in SPLITS)
+    cap = source.max_tokens
+
+    def checkpoint(final: bool) -> None:
+        for split in SPLITS:
+            if not buffered[split]:
+                continue
+            info = manifest["splits"][split]
+            name = f"{split}_{len(info['shards']):06d}.bin"
+            tmp = out / (name + ".tmp")
+            np.concatenate(buffers[split]).astype(np.uint16).tofile(tmp)
+            os.replace(tmp, out / name)
+            info["shards"].append({"file": name, "tokens": buffered[split], "sha256": _sha256(out / name)})
+            info["tokens"] += buffered[split]
+            info["documents"] += ndocs[split]
+            buffers[split], buffered[split], ndocs[split] = [], 0, 0
+        manifest["docs_done"] = done
+        manifest["complete"] = final
+        _write_json_atomic(mpath, manifest)
+
+    for batch in _batches(docs, batch_docs):
+        encoded = enc.encode_ordinary_batch([d.text for d in batch], num_threads=threads)
+        for doc, ids in zip(batch, encoded, strict=True):
+            split = "eval" if corpus.is_eval(doc.id, source.eval_fraction) else "train"
+            arr = np.empty(len(ids) + 1, dtype=np.uint16)
+            arr[0] = EOT
+            arr[1:] = ids
+            buffers[split].append(arr)
+            buffered[split] += len(arr)
+            ndocs[split] += 1
+            total += len(arr)
+            done += 1
+            if cap and total >= cap:
+                break
+        if on_progress:
+            on_progress(done, total)
+        if cap and total >= cap:
+            break
+        if buffered["train"] >= shard_tokens:
+            checkpoint(final=False)
+    checkpoint(final=True)
+    if manifest["splits"]["train"]["tokens"] == 0 or manifest["splits"]["eval"]["tokens"] == 0:
+        raise AttnresError(f"'{out}': too little data for both a train and an eval split")
+    tokens = {s: manifest["splits"][s]["tokens"] for s in SPLITS}
+    return Summary(out, done, tokens, time.perf_counter() - t0, skipped=False)
+
+
+def data_root() -> Path:
+    """Where named datasets live: ``$ATTNRES_DATA`` or ``./data``."""
+    return Path(os.environ.get("ATTNRES_DATA", "data"))
+
+
+def dataset_path(name: str) -> Path:
+    """A dataset name ('builtin', or a folder under the data root) or a path to a folder."""
+    p = Path(name)
+    return p if (p.is_absolute() or len(p.parts) > 1) else data_root() / name
+
+
+def ensure_builtin() -> Path:
+    """Prepare the built-in corpus once; later calls return at once."""
+    return prepare(Source(kind="builtin"), dataset_path("builtin")).path

@@ -1,0 +1,72 @@
+"""Rows for the CLI's listings (variants, status): plain dicts, rendered by the CLI."""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+from sqlalchemy import Engine
+
+from attnres.model import GPT
+from attnres.tracking import store
+from attnres.variants import ALIASES, VARIANTS, resolve_run
+
+
+def depth_sources(model: GPT) -> list[int]:
+    """Sources each site attends to, found by running the real forward on the meta device."""
+    residual = model.residual
+    if not hasattr(residual, "record"):
+        return []
+    residual.record = True
+    idx = torch.zeros(1, 1, dtype=torch.long, device="meta")
+    with torch.no_grad():
+        model(idx)
+    residual.record = False
+    return [len(r.kinds) for r in residual.records]
+
+
+def variant_rows(preset: str | None) -> list[dict[str, object]]:
+    """Name, description, depth sources (min-max over sites) and extra parameters per variant."""
+    aliases = {v: [a for a, t in ALIASES.items() if t == v] for v in VARIANTS}
+    rows = []
+    for name, v in VARIANTS.items():
+        cfg = resolve_run(name, preset or "tiny", 0).model
+        with torch.device("meta"):
+            model = GPT(cfg)
+        counts = depth_sources(model)
+        params = model.num_params()
+        row: dict[str, object] = {
+            "variant": name + (f" ({', '.join(aliases[name])})" if aliases[name] else ""),
+            "description": v.description,
+            "depth sources": f"{min(counts)}-{max(counts)}" if counts else "sum of all",
+            "extra params": f"{params['residual_extra']:,}",
+        }
+        if preset:
+            row["shape"] = f"{cfg.n_layer}L d{cfg.d_model}"
+            row["total params"] = f"{params['total']:,}"
+        rows.append(row)
+    return rows
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "—" if x is None or x != x else format(x, spec)
+
+
+def status_rows(engine: Engine) -> list[dict[str, object]]:
+    """One row per run with its progress and latest metrics."""
+    runs = store.runs_frame(engine)
+    if runs.empty:
+        return []
+    last = store.latest_metrics(engine, ["train_loss", "eval_loss", "tokens_per_s", "peak_memory_bytes"],
+                                runs["id"].tolist())
+    rows = []
+    for r in runs.itertuples():
+        m: dict[str, float] = last.loc[r.id].to_dict() if r.id in last.index else {}
+        status = r.status + (f" @{int(r.stop_step)}" if pd.notna(r.stop_step) else "")
+        rows.append({
+            "run": r.id, "variant": r.variant, "status": status, "seed": r.seed,
+            "step": f"{r.step}/{r.total_steps}",
+            "train loss": _fmt(m.get("train_loss"), ".3f"), "eval loss": _fmt(m.get("eval_loss"), ".3f"),
+            "tok/s": _fmt(m.get("tokens_per_s"), ",.0f"),
+            "memory MiB": _fmt(m.get("peak_memory_bytes", float("nan")) / 2**20, ",.0f"),
+        })
+    return rows

@@ -1,0 +1,95 @@
+"""Opening the tracking database: URL parsing, SQLite pragmas, schema creation and checks."""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event, inspect, select
+from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
+from sqlalchemy.orm import Session
+
+from attnres.errors import AttnresError
+from attnres.tracking.schema import SCHEMA_VERSION, Base, Meta
+
+DEFAULT_DB = "runs.db"
+
+
+def default_url() -> str:
+    """``$ATTNRES_DB`` or ``./runs.db``."""
+    return os.environ.get("ATTNRES_DB", DEFAULT_DB)
+
+
+def normalize_url(db: str | None) -> str:
+    """Accept a SQLAlchemy URL or a plain file path (taken as SQLite); reject what does not parse."""
+    db = db or default_url()
+    if "://" not in db:
+        return f"sqlite:///{Path(db).expanduser().resolve()}"
+    from sqlalchemy.engine import make_url
+
+    try:
+        url = make_url(db)
+    except ArgumentError:
+        raise AttnresError(f"--db '{db}' is not a database URL (e.g. sqlite:///runs.db, "
+                           "postgresql+psycopg://user@host/db)") from None
+    if url.drivername.startswith("sqlite") and url.database and url.database != ":memory:":
+        url = url.set(database=str(Path(url.database).expanduser().resolve()))
+    return url.render_as_string(hide_password=False)
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 - DB-API connection
+    # WAL lets readers (status, reports) run beside writers; NORMAL is durable at checkpoints
+    # and 10x faster than FULL; a long busy timeout turns lock contention into waiting.
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA busy_timeout=60000")
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+@cache
+def get_engine(db: str | None = None, create: bool = True) -> Engine:
+    """An engine with the schema in place; a clear error for unusable databases.
+
+    ``create=False`` opens read-only use: a missing SQLite file is an error, not a new file.
+    """
+    url = normalize_url(db)
+    is_sqlite = url.startswith("sqlite")
+    if is_sqlite and not create:
+        path = Path(url.split("///", 1)[1])
+        if not path.exists():
+            raise AttnresError(f"no database at '{path}': launch a run first, or pass --db")
+    kwargs = {"connect_args": {"timeout": 60}} if is_sqlite else {"pool_pre_ping": True}
+    try:
+        engine = create_engine(url, **kwargs)
+    except (ArgumentError, ImportError) as exc:
+        raise AttnresError(f"cannot use database '{db}': {exc}") from None
+    if is_sqlite:
+        event.listen(engine, "connect", _sqlite_pragmas)
+    try:
+        _check_schema(engine, create)
+    except (DatabaseError, OperationalError) as exc:
+        msg = str(exc.orig).splitlines()[0] if exc.orig else str(exc)
+        raise AttnresError(f"cannot open database '{db or default_url()}': {msg}") from None
+    return engine
+
+
+def _check_schema(engine: Engine, create: bool) -> None:
+    tables = set(inspect(engine).get_table_names())
+    if tables and "runs" in tables and "meta" in tables:
+        with Session(engine) as s:
+            row = s.scalar(select(Meta.value).where(Meta.key == "schema_version"))
+        if row is not None and int(row) > SCHEMA_VERSION:
+            raise AttnresError(f"database schema v{row} is newer than this attnres (v{SCHEMA_VERSION}); "
+                               "upgrade attnres")
+        return
+    if tables and "runs" not in tables:
+        raise AttnresError("database has tables but is not an attnres database; pass another --db")
+    if not create:
+        return
+    Base.metadata.create_all(engine)
+    with Session(engine) as s:
+        s.merge(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
+        s.commit()

@@ -1,0 +1,76 @@
+"""Tables of the tracking database.
+
+Metrics are long-format rows keyed by (run, metric key, step), with the metric name interned
+in ``metric_keys`` so that the hot table holds four numbers a row: compact, fast to insert in
+batches, and indexed for the only reads a report makes (one key, chosen steps).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import DateTime, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+SCHEMA_VERSION = 1
+
+STATES = ("queued", "running", "finished", "failed", "killed", "diverged", "stopped")
+ACTIVE = ("queued", "running")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    variant: Mapped[str] = mapped_column(String(64), index=True)
+    seed: Mapped[int] = mapped_column(Integer)
+    preset: Mapped[str] = mapped_column(String(64))
+    data: Mapped[str] = mapped_column(String(512), default="builtin")
+    config_json: Mapped[str] = mapped_column(Text)
+    config_hash: Mapped[str] = mapped_column(String(16), index=True)
+    status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    total_steps: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer, default=0)  # last completed step
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    host: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    git_commit: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    world_size: Mapped[int] = mapped_column(Integer, default=1)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    stop_step: Mapped[int | None] = mapped_column(Integer, nullable=True)  # diverged/stopped at
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)  # why it ended, last log lines
+    log_path: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+
+
+class MetricKey(Base):
+    __tablename__ = "metric_keys"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+
+
+class Metric(Base):
+    __tablename__ = "metrics"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    key_id: Mapped[int] = mapped_column(ForeignKey("metric_keys.id"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    value: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (Index("ix_metrics_key_step", "key_id", "step"),)
+
+
+class Meta(Base):
+    """Key/value facts about the database itself (schema version)."""
+
+    __tablename__ = "meta"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(255))

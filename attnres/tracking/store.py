@@ -1,0 +1,153 @@
+"""Reading and writing runs and metrics. Every query goes through SQLAlchemy.
+
+Writes of metrics are batched Core inserts that ignore rows already present (unique
+run/key/step), so replaying a batch after a retry records each value exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+
+import pandas as pd
+from sqlalchemy import Engine, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from attnres.config import RunConfig
+from attnres.errors import AttnresError
+from attnres.tracking.schema import ACTIVE, Metric, MetricKey, Run
+
+
+def now() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def create_run(engine: Engine, cfg: RunConfig, status: str = "queued", world_size: int = 1,
+               git_commit: str | None = None, log_path: str | None = None) -> int:
+    """Insert a run row and return its id."""
+    with Session(engine) as s:
+        run = Run(variant=cfg.variant, seed=cfg.seed, preset=cfg.preset, data=cfg.data,
+                  config_json=cfg.to_json(), config_hash=cfg.config_hash, status=status,
+                  total_steps=cfg.train.steps, created_at=now(), world_size=world_size,
+                  git_commit=git_commit, log_path=log_path)
+        s.add(run)
+        s.commit()
+        return run.id
+
+
+def get_run(engine: Engine, run_id: int) -> Run:
+    with Session(engine, expire_on_commit=False) as s:
+        run = s.get(Run, run_id)
+        if run is None:
+            raise AttnresError(f"no run with id {run_id}")
+        s.expunge(run)
+        return run
+
+
+def update_run(engine: Engine, run_id: int, **fields: object) -> None:
+    with Session(engine) as s:
+        s.execute(update(Run).where(Run.id == run_id).values(**fields))
+        s.commit()
+
+
+def mark_started(engine: Engine, run_id: int, world_size: int) -> None:
+    update_run(engine, run_id, status="running", started_at=now(), heartbeat_at=now(),
+               pid=os.getpid(), host=socket.gethostname(), world_size=world_size)
+
+
+def finished_with_config(engine: Engine, config_hash: str) -> list[int]:
+    """Ids of finished runs with exactly this config (for skip-unless-forced)."""
+    with Session(engine) as s:
+        return list(s.scalars(select(Run.id).where(Run.config_hash == config_hash, Run.status == "finished")))
+
+
+# -- metrics --------------------------------------------------------------------------------------
+def key_ids(engine: Engine, names: Iterable[str]) -> dict[str, int]:
+    """Ids of metric names, creating the missing ones (safe against concurrent creators)."""
+    names = sorted(set(names))
+    with Session(engine) as s:
+        have = dict(s.execute(select(MetricKey.name, MetricKey.id).where(MetricKey.name.in_(names))).all())
+        missing = [n for n in names if n not in have]
+        if missing:
+            s.execute(_insert_ignore(engine, MetricKey), [{"name": n} for n in missing])
+            s.commit()
+            have = dict(s.execute(select(MetricKey.name, MetricKey.id).where(MetricKey.name.in_(names))).all())
+    return have
+
+
+def _insert_ignore(engine: Engine, table: type) -> object:
+    dialect = engine.dialect.name
+    if dialect == "sqlite":
+        return sqlite.insert(table).on_conflict_do_nothing()
+    if dialect == "postgresql":
+        return postgresql.insert(table).on_conflict_do_nothing()
+    raise AttnresError(f"unsupported database dialect '{dialect}' (use SQLite or PostgreSQL)")
+
+
+def log_metrics(engine: Engine, run_id: int, rows: Sequence[tuple[int, str, float]]) -> int:
+    """Insert (step, key, value) rows for one run in one transaction; returns rows given."""
+    if not rows:
+        return 0
+    ids = key_ids(engine, {k for _, k, _ in rows})
+    payload = [{"run_id": run_id, "key_id": ids[k], "step": st, "value": float(v)} for st, k, v in rows]
+    with engine.begin() as conn:
+        conn.execute(_insert_ignore(engine, Metric), payload)
+    return len(rows)
+
+
+def heartbeat(engine: Engine, run_id: int, step: int) -> None:
+    update_run(engine, run_id, step=step, heartbeat_at=now())
+
+
+# -- reads ---------------------------------------------------------------------------------------
+RUN_COLUMNS = ["id", "variant", "seed", "preset", "data", "status", "step", "total_steps",
+               "created_at", "started_at", "ended_at", "heartbeat_at", "pid", "host",
+               "exit_code", "stop_step", "message", "config_hash", "config_json", "world_size",
+               "git_commit", "log_path"]
+
+
+def runs_frame(engine: Engine, statuses: Sequence[str] | None = None) -> pd.DataFrame:
+    """All runs (optionally by status) as a DataFrame, one row each."""
+    q = select(*[getattr(Run, c) for c in RUN_COLUMNS]).order_by(Run.id)
+    if statuses:
+        q = q.where(Run.status.in_(statuses))
+    with engine.connect() as conn:
+        return pd.DataFrame(conn.execute(q).all(), columns=RUN_COLUMNS)
+
+
+def metrics_frame(engine: Engine, keys: Sequence[str], run_ids: Sequence[int] | None = None,
+                  steps: Sequence[int] | None = None) -> pd.DataFrame:
+    """Long-format metrics (run_id, key, step, value) for the given keys only."""
+    q = (select(Metric.run_id, MetricKey.name.label("key"), Metric.step, Metric.value)
+         .join(MetricKey, MetricKey.id == Metric.key_id).where(MetricKey.name.in_(list(keys))))
+    if run_ids is not None:
+        q = q.where(Metric.run_id.in_(list(run_ids)))
+    if steps is not None:
+        q = q.where(Metric.step.in_(list(steps)))
+    with engine.connect() as conn:
+        return pd.DataFrame(conn.execute(q).all(), columns=["run_id", "key", "step", "value"])
+
+
+def latest_metrics(engine: Engine, keys: Sequence[str], run_ids: Sequence[int]) -> pd.DataFrame:
+    """The last value of each key for each run: a (run_id x key) table."""
+    last = (select(Metric.run_id, Metric.key_id, func.max(Metric.step).label("step"))
+            .join(MetricKey, MetricKey.id == Metric.key_id)
+            .where(MetricKey.name.in_(list(keys)), Metric.run_id.in_(list(run_ids)))
+            .group_by(Metric.run_id, Metric.key_id).subquery())
+    q = (select(Metric.run_id, MetricKey.name, Metric.value)
+         .join(last, (Metric.run_id == last.c.run_id) & (Metric.key_id == last.c.key_id)
+               & (Metric.step == last.c.step))
+         .join(MetricKey, MetricKey.id == Metric.key_id))
+    with engine.connect() as conn:
+        df = pd.DataFrame(conn.execute(q).all(), columns=["run_id", "key", "value"])
+    return df.pivot(index="run_id", columns="key", values="value") if len(df) else pd.DataFrame()
+
+
+def active_runs(engine: Engine) -> list[Run]:
+    with Session(engine, expire_on_commit=False) as s:
+        runs = list(s.scalars(select(Run).where(Run.status.in_(ACTIVE))))
+        s.expunge_all()
+        return runs

@@ -1,0 +1,248 @@
+"""The training entry point that ``torchrun`` starts on every rank.
+
+    python -m torch.distributed.run --standalone --nproc_per_node=2 -m attnres.train -- \
+        --variant control_block --preset tiny --seed 42 --db runs.db
+
+Rank 0 owns the run's database row: it marks the run running, writes step-wise metrics
+(train loss, lr, tokens/s, peak memory, eval loss) and a heartbeat, and records how the run
+ended: finished, diverged (non-finite loss, with the step) or failed (with the error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import sys
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from attnres import checkpoint
+from attnres.config import RunConfig
+from attnres.data.loader import TokenShards, TrainLoader, eval_batches
+from attnres.data.prepare import dataset_path
+from attnres.model import GPT
+from attnres.schedule import lr_at
+from attnres.tracking import store
+from attnres.tracking.db import get_engine
+from attnres.variants import resolve_run
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="attnres.train", description=__doc__.splitlines()[0])
+    p.add_argument("--run-id", type=int, help="existing run row to train (the launcher creates it)")
+    p.add_argument("--variant", default="standard")
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--data", default="builtin")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--db", default=None, help="SQLAlchemy URL or SQLite path (default ./runs.db)")
+    p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
+    if argv[:1] == ["--"]:  # torchrun passes the separator through
+        argv = argv[1:]
+    return p.parse_args(argv)
+
+
+@dataclass
+class Dist:
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed() -> Dist:
+    """Join the process group torchrun set up (gloo on CPU, nccl on GPU); single process otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return Dist(rank, world, local, device)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak CUDA allocation on GPU; peak resident set size of this process on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def all_mean(value: torch.Tensor, d: Dist) -> float:
+    if d.world > 1:
+        value = value.detach().clone()
+        dist.all_reduce(value)
+        value /= d.world
+    return float(value)
+
+
+class MetricSink:
+    """Buffers rank 0's metric rows and writes them in batches (one transaction per flush)."""
+
+    def __init__(self, engine, run_id: int) -> None:  # noqa: ANN001 - sqlalchemy Engine
+        self.engine, self.run_id, self.rows = engine, run_id, []
+
+    def add(self, step: int, **values: float) -> None:
+        self.rows += [(step, k, v) for k, v in values.items()]
+
+    def flush(self, step: int) -> None:
+        store.log_metrics(self.engine, self.run_id, self.rows)
+        store.heartbeat(self.engine, self.run_id, step)
+        self.rows = []
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, shards: TokenShards, cfg: RunConfig, d: Dist,
+             autocast: Callable[[], AbstractContextManager]) -> float:
+    model.eval()
+    total = torch.zeros(2, device=d.device)
+    for x, y in eval_batches(shards, cfg.train.batch_size, cfg.train.eval_batches, d.rank, d.world):
+        with autocast():
+            _, loss = model(x.to(d.device), y.to(d.device))
+        total += torch.stack([loss.float() * len(x), torch.tensor(float(len(x)), device=d.device)])
+    if d.world > 1:
+        dist.all_reduce(total)
+    model.train()
+    return float(total[0] / total[1])
+
+
+def build_optimizer(model: torch.nn.Module, cfg: RunConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW with weight decay on matrices only (not norms, gains, queries or slopes)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    other = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.train.weight_decay}, {"params": other, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.train.lr, betas=(cfg.train.beta1, cfg.train.beta2),
+                             fused=device.type == "cuda")
+
+
+def train(cfg: RunConfig, run_id: int, engine, d: Dist, resume: bool = False) -> str:  # noqa: ANN001
+    """Train one run; return its final status ("finished" or "diverged")."""
+    torch.manual_seed(cfg.seed)
+    data = dataset_path(cfg.data)
+    train_shards = TokenShards(data, "train", cfg.model.seq_len)
+    eval_shards = TokenShards(data, "eval", cfg.model.seq_len)
+    if train_shards.vocab_size > cfg.model.vocab_size:
+        raise ValueError(f"data vocabulary {train_shards.vocab_size} exceeds model vocab {cfg.model.vocab_size}")
+    loader = TrainLoader(train_shards, cfg.train.batch_size, cfg.seed, d.rank, d.world)
+
+    raw_model = GPT(cfg.model).to(d.device)
+    model = DistributedDataParallel(raw_model) if d.world > 1 else raw_model
+    if cfg.train.compile:
+        model = torch.compile(model)
+    optimizer = build_optimizer(raw_model, cfg, d.device)
+    use_bf16 = cfg.train.dtype == "bfloat16" or (cfg.train.dtype == "auto" and d.device.type == "cuda")
+
+    def autocast() -> AbstractContextManager:
+        return torch.autocast(d.device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+
+    ckpt = checkpoint.checkpoint_dir(run_id) / "last.pt"
+    start = checkpoint.load(ckpt, raw_model, optimizer) if resume and ckpt.exists() else 0
+    sink = MetricSink(engine, run_id) if d.main else None
+    tcfg = cfg.train
+    tokens_per_step = tcfg.batch_size * cfg.model.seq_len * tcfg.grad_accum * d.world
+    if start == 0:
+        ev = evaluate(model, eval_shards, cfg, d, autocast)
+        if sink:
+            sink.add(0, eval_loss=ev)
+            sink.flush(0)
+    t_last, steps_since = time.perf_counter(), 0
+    for step in range(start, tcfg.steps):
+        lr = lr_at(step, tcfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = torch.zeros((), device=d.device)
+        for micro in range(tcfg.grad_accum):
+            x, y = loader.batch(step * tcfg.grad_accum + micro)
+            x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
+            sync = micro == tcfg.grad_accum - 1 or d.world == 1
+            ctx = nullcontext() if sync else model.no_sync()
+            with ctx, autocast():
+                _, loss = model(x, y)
+            (loss / tcfg.grad_accum).backward()
+            loss_sum += loss.detach().float()
+        grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), tcfg.grad_clip)
+        train_loss = all_mean(loss_sum / tcfg.grad_accum, d)
+        done = step + 1
+        if not math.isfinite(train_loss):
+            if sink:
+                sink.add(done, train_loss=train_loss)
+                sink.flush(done)
+            return "diverged"
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        steps_since += 1
+        last = done == tcfg.steps
+        if done % tcfg.log_every == 0 or last:
+            elapsed = time.perf_counter() - t_last
+            if sink:
+                sink.add(done, train_loss=train_loss, lr=lr, grad_norm=float(grad_norm),
+                         tokens_per_s=tokens_per_step * steps_since / elapsed,
+                         peak_memory_bytes=peak_memory_bytes(d.device))
+            t_last, steps_since = time.perf_counter(), 0
+        if done % tcfg.eval_every == 0 or last:
+            ev = evaluate(model, eval_shards, cfg, d, autocast)
+            if sink:
+                sink.add(done, eval_loss=ev)
+            t_last = time.perf_counter()  # keep eval time out of tokens/s
+        if (tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0) or last:
+            if d.main:
+                checkpoint.save(ckpt, raw_model, optimizer, done)
+        if sink and (done % tcfg.log_every == 0 or last or done % tcfg.eval_every == 0):
+            sink.flush(done)
+    return "finished"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    d = setup_distributed()
+    engine = get_engine(args.db)
+    if args.run_id is not None:
+        cfg = RunConfig.from_dict(json.loads(store.get_run(engine, args.run_id).config_json))
+        run_id = args.run_id
+    else:
+        cfg = resolve_run(args.variant, args.preset, args.seed, args.overrides, args.data)
+        run_id = store.create_run(engine, cfg) if d.main else -1
+        if d.world > 1:
+            box = [run_id]
+            dist.broadcast_object_list(box)
+            run_id = box[0]
+    if d.main:
+        store.mark_started(engine, run_id, d.world)
+    try:
+        status = train(cfg, run_id, engine, d, resume=args.resume)
+    except BaseException as exc:
+        if d.main:
+            store.update_run(engine, run_id, status="failed", ended_at=store.now(), exit_code=1,
+                             message=f"{type(exc).__name__}: {exc}"[:2000])
+        raise
+    finally:
+        if d.world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+    if d.main:
+        fields = {"status": status, "ended_at": store.now(), "exit_code": 0}
+        if status == "diverged":
+            run = store.get_run(engine, run_id)
+            fields |= {"stop_step": run.step, "message": "non-finite training loss"}
+        store.update_run(engine, run_id, **fields)
+    return 0 if status == "finished" else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""attnres command line (Typer + rich): parse, call the library, render."""

@@ -1,0 +1,230 @@
+"""The ``attnres`` command: parse arguments, call the library, render with rich. No logic here."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from sqlalchemy.exc import SQLAlchemyError
+
+from attnres.errors import AttnresError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Launch, track and report AttnRes (attention over depth) experiments.")
+data_app = typer.Typer(no_args_is_help=True, help="Prepare tokenized datasets.")
+app.add_typer(data_app, name="data")
+console = Console()
+err = Console(stderr=True)
+
+DbOpt = Annotated[str | None, typer.Option("--db", help="SQLAlchemy URL or SQLite file (default ./runs.db)")]
+
+
+@app.command()
+def variants(
+    params: Annotated[bool, typer.Option("--params", help="count parameters at --preset")] = False,
+    preset: Annotated[str, typer.Option(help="preset for --params")] = "tiny",
+) -> None:
+    """List every residual variant: name, description, depth sources, extra parameters."""
+    from attnres.listing import variant_rows
+
+    rows = variant_rows(preset if params else None)
+    table = Table(title=f"Residual variants{f' at {preset}' if params else ''}", show_lines=True)
+    for col in rows[0]:
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(*[str(v) for v in row.values()])
+    console.print(table)
+
+
+@app.command()
+def launch(
+    variant: Annotated[list[str], typer.Argument(help="variant names (see `attnres variants`)")],
+    seeds: Annotated[list[int] | None, typer.Option("--seeds", help="seeds: --seeds 42 1337")] = None,
+    preset: Annotated[str, typer.Option(help="model/training size")] = "tiny",
+    steps: Annotated[int | None, typer.Option(help="override the preset's training steps")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override KEY=VALUE (repeatable)")] = None,
+    data: Annotated[str, typer.Option(help="prepared dataset name or folder")] = "builtin",
+    nproc: Annotated[int, typer.Option(help="processes (ranks) per run")] = 1,
+    force: Annotated[bool, typer.Option(help="run even if finished with the same config")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan and torchrun commands only")] = False,
+    db: DbOpt = None,
+) -> None:
+    """Train every VARIANT x seed with torchrun, recording runs and metrics in the database."""
+    from attnres import launch as L
+    from attnres.tracking.db import get_engine, normalize_url
+
+    if nproc < 1:
+        raise AttnresError("--nproc must be at least 1")
+    overrides = list(set_ or []) + ([f"steps={steps}"] if steps is not None else [])
+    engine = None if dry_run else get_engine(db)
+    cells = L.plan(engine, variant, list(seeds or [42]), preset, overrides, data, force)
+    for c in cells:
+        state = f"[yellow]skip[/]: {c.skip}" if c.skip else "[green]run[/]"
+        console.print(f"{c.cfg.variant} seed={c.cfg.seed} preset={c.cfg.preset} steps={c.cfg.train.steps} {state}")
+        if dry_run and not c.skip:
+            console.print("  " + shlex.join(L.torchrun_command("{run_id}", normalize_url(db), nproc)), soft_wrap=True)
+    if dry_run or all(c.skip for c in cells):
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console) as bar:
+        tasks: dict[int, int] = {}
+
+        def on_progress(cell: L.PlannedRun, step: int, total: int) -> None:
+            key = id(cell)
+            if key not in tasks:
+                tasks[key] = bar.add_task(f"run {cell.run_id} {cell.cfg.variant} s{cell.cfg.seed}", total=total)
+            bar.update(tasks[key], completed=step)
+
+        results = L.run_foreground(engine, db, cells, nproc, on_progress)
+    for run_id, status in results.items():
+        color = "green" if status == "finished" else "red"
+        console.print(f"run {run_id}: [{color}]{status}[/] (log: {L.logs_dir() / f'run-{run_id}.log'})")
+    if any(s != "finished" for s in results.values()):
+        raise typer.Exit(1)
+
+
+@app.command()
+def status(db: DbOpt = None) -> None:
+    """Live state of every run (runs whose process died are marked failed first)."""
+    from attnres.launch import reconcile
+    from attnres.listing import status_rows
+    from attnres.tracking.db import get_engine
+
+    engine = get_engine(db, create=False)
+    reconcile(engine)
+    rows = status_rows(engine)
+    if not rows:
+        console.print("no runs yet: start one with `attnres launch standard --seeds 42`")
+        return
+    table = Table(title="attnres runs")
+    for col in rows[0]:
+        left = col in {"variant", "status"}
+        table.add_column(col, justify="left" if left else "right", no_wrap=left)
+    colors = {"finished": "green", "running": "cyan", "queued": "white"}
+    for row in rows:
+        cells = [str(v) for v in row.values()]
+        cells[2] = f"[{colors.get(row['status'], 'red')}]{cells[2]}[/]"
+        table.add_row(*cells)
+    console.print(table)
+
+
+@app.command()
+def report(
+    out: Annotated[Path, typer.Option("--out", help="markdown file to write")] = Path("attnres-results.md"),
+    baseline: Annotated[str, typer.Option(help="variant every Δ is measured against")] = "standard",
+    step: Annotated[int | None, typer.Option(help="eval step to compare (default: largest common)")] = None,
+    plots: Annotated[bool, typer.Option(help="write PNG figures under reports/ beside --out")] = True,
+    db: DbOpt = None,
+) -> None:
+    """Write the results document (every table of the hand-made one) from the database."""
+    from attnres.reporting import write_report
+    from attnres.tracking.db import get_engine
+    from attnres.variants import canonical
+
+    write_report(get_engine(db, create=False), out, canonical(baseline), step, plots)
+    console.print(f"wrote {out}")
+
+
+@data_app.command("prepare")
+def data_prepare(
+    source: Annotated[str, typer.Option(help="builtin | files | fineweb-edu")] = "builtin",
+    data_files: Annotated[list[str] | None, typer.Option("--data-files", help="parquet/jsonl files or globs")] = None,
+    out: Annotated[Path | None, typer.Option(help="dataset folder (default data/<source>)")] = None,
+    max_tokens: Annotated[int, typer.Option(help="stop after this many tokens (0 = all)")] = 0,
+    config: Annotated[str, typer.Option(help="FineWeb-Edu config")] = "sample-10BT",
+    eval_fraction: Annotated[float, typer.Option(help="share of documents held out")] = 0.1,
+    shard_tokens: Annotated[int, typer.Option(help="tokens per shard")] = 50_000_000,
+    force: Annotated[bool, typer.Option(help="discard an existing dataset at --out")] = False,
+) -> None:
+    """Tokenize a corpus (GPT-2 BPE) into uint16 shards with a held-out split and a manifest."""
+    from attnres.data.prepare import Source, dataset_path, prepare
+
+    kinds = {"builtin": "builtin", "files": "files", "fineweb-edu": "hub"}
+    if data_files and source == "builtin":
+        source = "files"
+    if source not in kinds:
+        raise AttnresError(f"unknown source '{source}'; choose builtin, files or fineweb-edu")
+    if source == "files" and not data_files:
+        raise AttnresError("--source files needs --data-files PATH_OR_GLOB")
+    if not 0 < eval_fraction < 1:
+        raise AttnresError("--eval-fraction must be between 0 and 1")
+    src = Source(kind=kinds[source], files=list(data_files or []), config=config, max_tokens=max_tokens,
+                 eval_fraction=eval_fraction)
+    target = out or dataset_path(source)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[rate]}"),
+                  TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task("tokenizing", total=max_tokens or None, rate="")
+        started = {"t": None}
+
+        def on_progress(docs: int, tokens: int) -> None:
+            import time
+
+            started["t"] = started["t"] or time.perf_counter()
+            rate = tokens / max(1e-9, time.perf_counter() - started["t"])
+            bar.update(task, completed=tokens, rate=f"{docs:,} docs, {tokens:,} tok, {rate:,.0f} tok/s")
+
+        summary = prepare(src, target, shard_tokens=shard_tokens, force=force, on_progress=on_progress)
+    if summary.skipped:
+        console.print(f"{target}: already prepared ({summary.tokens['train']:,} train + "
+                      f"{summary.tokens['eval']:,} eval tokens); nothing to do")
+    else:
+        console.print(f"{target}: {summary.documents:,} documents, {summary.tokens['train']:,} train + "
+                      f"{summary.tokens['eval']:,} eval tokens in {summary.seconds:.1f} s")
+
+
+MULTI_VALUE = {"--seeds"}
+
+
+def expand_multi(argv: list[str]) -> list[str]:
+    """Let list options take several values (``--seeds 42 1337``), as click wants ``--seeds 42 --seeds 1337``."""
+    out: list[str] = []
+    current = None
+    for arg in argv:
+        if arg in MULTI_VALUE:
+            current = arg
+            continue
+        if current and not arg.startswith("-"):
+            out += [current, arg]
+            continue
+        if current and out[-2:-1] != [current]:
+            out.append(current)  # a bare flag: let click report the missing value
+        current = None
+        out.append(arg)
+    if current and out[-2:-1] != [current]:
+        out.append(current)
+    return out
+
+
+def main() -> None:
+    """Entry point: bad input is one line on stderr and exit code 2, never a traceback."""
+    try:
+        app(args=expand_multi(sys.argv[1:]), prog_name="attnres", standalone_mode=False)
+    except AttnresError as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except SQLAlchemyError as exc:
+        msg = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        err.print(f"error: database: {msg}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        err.print("aborted")
+        sys.exit(130)
+    except Exception as exc:  # click usage errors come through here in non-standalone mode
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

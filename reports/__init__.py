@@ -1,0 +1,1 @@
+"""Report generation: pure functions from DataFrames to markdown and figures."""

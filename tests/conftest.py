@@ -1,0 +1,51 @@
+"""Shared fixtures: an isolated working folder per test, the real tokenizer cache, real data."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_TIKTOKEN = ROOT.parent / "shared" / "tiktoken"
+if "TIKTOKEN_CACHE_DIR" not in os.environ and SHARED_TIKTOKEN.is_dir():
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED_TIKTOKEN)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+# Small, fast runs: full GPT-2 vocabulary (real data) but few tokens per step.
+FAST = ["--set", "batch_size=4", "--set", "eval_batches=2", "--set", "eval_every=10",
+        "--set", "log_every=2", "--set", "warmup=2"]
+
+
+@pytest.fixture(scope="session")
+def builtin_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The built-in corpus, prepared once for the whole session."""
+    from attnres.data.prepare import Source, prepare
+
+    root = tmp_path_factory.mktemp("data")
+    prepare(Source(kind="builtin"), root / "builtin")
+    return root
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, builtin_data: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh folder holding runs.db, logs and checkpoints; the prepared corpus is shared."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ATTNRES_DATA", str(builtin_data))
+    monkeypatch.setenv("ATTNRES_DB", str(tmp_path / "runs.db"))
+    monkeypatch.setenv("ATTNRES_LOGS", str(tmp_path / "logs"))
+    monkeypatch.setenv("ATTNRES_CHECKPOINTS", str(tmp_path / "checkpoints"))
+    return tmp_path
+
+
+def attnres(*args: str, check: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess, as a user would."""
+    proc = subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout, env=os.environ | {"COLUMNS": "200"}, cwd=os.getcwd())
+    if check and proc.returncode != 0:
+        raise AssertionError(f"attnres {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc

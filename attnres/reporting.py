@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 from sqlalchemy import Engine
 
 from attnres.errors import AttnresError
 from attnres.results import load_results
-from attnres.variants import VARIANTS
+from attnres.variants import VARIANTS, canonical
+from reports import compare as cmp
 from reports.document import build_report
 from reports.plots import eval_curves, throughput_vs_delta
 from reports.stats import ReportError, common_step
@@ -34,7 +37,7 @@ def write_report(engine: Engine, out: Path, baseline: str = "standard", step: in
                  plots: bool = True) -> str:
     """Build the document from the database; write it (and PNGs under ``reports/`` beside it)."""
     _writable(out)
-    res = load_results(engine)
+    res = load_results(engine, step=step)
     descriptions = {v.name: v.description for v in VARIANTS.values()}
     figures: dict[str, str] = {}
     try:
@@ -56,3 +59,37 @@ def write_report(engine: Engine, out: Path, baseline: str = "standard", step: in
         raise AttnresError(f"cannot build the report: {exc}") from None
     out.write_text(text)
     return text
+
+
+@dataclass
+class Comparison:
+    variants: list[str]
+    step: int
+    aligned: pd.DataFrame
+    stats: pd.DataFrame
+    config: pd.DataFrame
+    cost: pd.DataFrame
+
+    def markdown(self) -> str:
+        return cmp.compare_markdown(self.aligned, self.stats, self.config, self.cost, self.step)
+
+
+def compare(engine: Engine, variants: list[str], step: int | None = None, plot: Path | None = None) -> Comparison:
+    """Compare variants side by side; optionally save the eval-curve overlay to ``plot``."""
+    names = [canonical(v) for v in variants]
+    if len(set(names)) < 2:
+        raise AttnresError("compare needs at least two different variants, e.g. attnres compare standard control_block")
+    res = load_results(engine, names, step=step)
+    try:
+        aligned = cmp.aligned_evals(res.runs, res.evals, names)
+        at = step if step is not None else int(aligned["step"].max())
+        if at not in set(aligned["step"]):
+            raise ReportError(f"not every variant has an eval loss at step {at}")
+        result = Comparison(names, at, aligned, cmp.seed_stats(res.runs, res.evals, names, at),
+                            cmp.config_diff(res.runs, names), cmp.cost(res.runs, names))
+    except ReportError as exc:
+        raise AttnresError(f"cannot compare: {exc}") from None
+    if plot is not None:
+        _writable(plot)
+        eval_curves(res.runs, res.evals, names).savefig(plot, dpi=110)
+    return result

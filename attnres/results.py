@@ -1,8 +1,9 @@
 """Gather what reports need from the database, as DataFrames (the only I/O of reporting).
 
-Reads only what a report shows: run rows, the eval-loss curve (a few points per run), the
-last train loss, and per-run throughput and peak memory aggregated in SQL, so a report over
-millions of metric rows stays fast.
+A report reads only what it shows: the run rows; eval loss at the compared step, each run's
+last eval, and the eval curves (thinned to about ``CURVE_POINTS`` per run when there are very
+many); the last train loss; throughput and peak memory aggregated in SQL. So a report over
+millions of metric rows stays well under a second or two.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from sqlalchemy import Engine, func, select
 from attnres.tracking import store
 from attnres.tracking.schema import Metric, MetricKey
 
+CURVE_POINTS = 200
+FULL_CURVES_UP_TO = 200_000  # eval rows; above this, curves are thinned
+EARLY = ("diverged", "stopped", "failed", "killed")
+
 
 @dataclass
 class Results:
@@ -22,36 +27,83 @@ class Results:
 
     runs:  one row per run (id, variant, seed, status, step, total_steps, stop_step, ...) plus
            final_train_loss, tokens_per_s (mean over logged intervals), peak_memory_bytes (max).
-    evals: long table (run_id, step, value) of eval loss.
-    train: long table (run_id, step, value) of train loss, only when asked for (curves).
+    evals: long table (run_id, step, value) of eval loss: every point, or a thinned curve that
+           always keeps ``step`` and each run's last eval.
+    step:  the largest eval step every live run reached (None if there is none).
     """
 
     runs: pd.DataFrame
     evals: pd.DataFrame
-    train: pd.DataFrame | None = None
+    step: int | None
 
 
-def _aggregate(engine: Engine, key: str, agg: object, run_ids: list[int]) -> pd.Series:
-    q = (select(Metric.run_id, agg(Metric.value))  # type: ignore[operator]
-         .join(MetricKey, MetricKey.id == Metric.key_id)
-         .where(MetricKey.name == key, Metric.run_id.in_(run_ids)).group_by(Metric.run_id))
+def _per_run(engine: Engine, key: str, agg: object, run_ids: list[int], column: object = None) -> pd.Series:
+    column = Metric.value if column is None else column
+    q = (select(Metric.run_id, agg(column))  # type: ignore[operator]
+         .where(Metric.key_id == select(MetricKey.id).where(MetricKey.name == key).scalar_subquery(),
+                Metric.run_id.in_(run_ids)).group_by(Metric.run_id))
     with engine.connect() as conn:
-        rows = conn.execute(q).all()
-    return pd.Series({r: v for r, v in rows}, dtype="float64")
+        return pd.Series(dict(conn.execute(q).all()), dtype="float64")
 
 
-def load_results(engine: Engine, variants: list[str] | None = None, with_train_curves: bool = False) -> Results:
+def _evals(engine: Engine, where: object) -> pd.DataFrame:
+    key = select(MetricKey.id).where(MetricKey.name == "eval_loss").scalar_subquery()
+    q = select(Metric.run_id, Metric.step, Metric.value).where(Metric.key_id == key, where)
+    with engine.connect() as conn:
+        return pd.DataFrame(conn.execute(q).all(), columns=["run_id", "step", "value"])
+
+
+def _common_step(engine: Engine, runs: pd.DataFrame, last_step: pd.Series) -> int | None:
+    """Largest eval step all live runs share: the smallest last step, if all have it."""
+    live = runs.loc[~runs["status"].isin(EARLY), "id"].tolist()
+    if not live or any(r not in last_step.index for r in live):
+        return None
+    candidate = int(last_step[live].min())
+    have = _evals(engine, Metric.run_id.in_(live) & (Metric.step == candidate))
+    if len(have) == len(live):
+        return candidate
+    full = _evals(engine, Metric.run_id.in_(live))  # irregular eval grids: the exact, slower way
+    shared = set.intersection(*[set(g["step"]) for _, g in full.groupby("run_id")]) if len(full) else set()
+    return max(shared) if shared else None
+
+
+def load_results(engine: Engine, variants: list[str] | None = None, step: int | None = None) -> Results:
     runs = store.runs_frame(engine)
     if variants is not None:
         runs = runs[runs["variant"].isin(variants)]
     ids = runs["id"].astype(int).tolist()
-    evals = store.metrics_frame(engine, ["eval_loss"], ids)[["run_id", "step", "value"]]
-    last = store.latest_metrics(engine, ["train_loss"], ids) if ids else pd.DataFrame()
+    last_step = _per_run(engine, "eval_loss", func.max, ids, Metric.step) if ids else pd.Series(dtype=float)
+    n_rows = int(_per_run(engine, "eval_loss", func.count, ids).sum()) if ids else 0
+    common = _common_step(engine, runs, last_step) if ids else None
+    if n_rows <= FULL_CURVES_UP_TO:
+        evals = _evals(engine, Metric.run_id.in_(ids))
+    else:
+        stride = max(1, int(last_step.max()) // CURVE_POINTS)
+        keep = Metric.step % stride == 0
+        for s in {step, common} - {None}:
+            keep = keep | (Metric.step == s)
+        evals = _evals(engine, Metric.run_id.in_(ids) & keep)
+        lasts = pd.DataFrame({"run_id": last_step.index.astype(int), "step": last_step.astype(int).values})
+        missing = lasts.merge(evals, on=["run_id", "step"], how="left", indicator=True)
+        missing = missing[missing["_merge"] == "left_only"]
+        if len(missing):
+            extra = _evals(engine, Metric.run_id.in_(missing["run_id"].tolist())
+                           & Metric.step.in_(missing["step"].unique().tolist()))
+            evals = pd.concat([evals, extra.merge(missing[["run_id", "step"]])], ignore_index=True)
+    train_step = _per_run(engine, "train_loss", func.max, ids, Metric.step) if ids else pd.Series(dtype=float)
+    final_train = pd.Series(dtype="float64")
+    if len(train_step):
+        key = select(MetricKey.id).where(MetricKey.name == "train_loss").scalar_subquery()
+        pairs = list(zip(train_step.index.astype(int), train_step.astype(int), strict=True))
+        q = select(Metric.run_id, Metric.step, Metric.value).where(
+            Metric.key_id == key, Metric.run_id.in_([p[0] for p in pairs]),
+            Metric.step.in_(sorted({p[1] for p in pairs})))
+        with engine.connect() as conn:
+            rows = pd.DataFrame(conn.execute(q).all(), columns=["run_id", "step", "value"])
+        rows = rows.merge(pd.DataFrame(pairs, columns=["run_id", "step"]))
+        final_train = rows.set_index("run_id")["value"]
     runs = runs.set_index("id", drop=False)
-    runs["final_train_loss"] = last["train_loss"] if "train_loss" in last else float("nan")
-    runs["tokens_per_s"] = _aggregate(engine, "tokens_per_s", func.avg, ids) if ids else float("nan")
-    runs["peak_memory_bytes"] = _aggregate(engine, "peak_memory_bytes", func.max, ids) if ids else float("nan")
-    train = None
-    if with_train_curves:
-        train = store.metrics_frame(engine, ["train_loss"], ids)[["run_id", "step", "value"]]
-    return Results(runs.reset_index(drop=True), evals, train)
+    runs["final_train_loss"] = final_train
+    runs["tokens_per_s"] = _per_run(engine, "tokens_per_s", func.avg, ids) if ids else float("nan")
+    runs["peak_memory_bytes"] = _per_run(engine, "peak_memory_bytes", func.max, ids) if ids else float("nan")
+    return Results(runs.reset_index(drop=True), evals.sort_values(["run_id", "step"], ignore_index=True), common)

@@ -131,6 +131,101 @@ def report(
     console.print(f"wrote {out}")
 
 
+@app.command()
+def compare(
+    variant: Annotated[list[str], typer.Argument(help="two or more variants; Δ is against the first")],
+    step: Annotated[int | None, typer.Option(help="step for the seed statistics (default: last common)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="also write the comparison as markdown")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="save the eval-curve overlay (PNG)")] = None,
+    db: DbOpt = None,
+) -> None:
+    """Compare variants side by side: aligned eval losses, seed statistics, config, cost."""
+    from attnres.reporting import compare as run_compare
+    from attnres.tracking.db import get_engine
+
+    result = run_compare(get_engine(db, create=False), variant, step, plot)
+    _print_frame(result.aligned, "Eval loss at common steps (seed mean)", ".4f")
+    _print_frame(result.stats, f"Statistics over seeds at step {result.step} (Welch t vs {result.variants[0]})", ".4f")
+    if len(result.config):
+        _print_frame(result.config, "Config differences")
+    _print_frame(result.cost, "Throughput and memory", ",.1f")
+    if out:
+        out.write_text(result.markdown())
+        console.print(f"wrote {out}")
+    if plot:
+        console.print(f"wrote {plot}")
+
+
+def _print_frame(df: object, title: str, floatfmt: str = "") -> None:
+    import pandas as pd
+
+    assert isinstance(df, pd.DataFrame)
+    table = Table(title=title)
+    for col in df.columns:
+        table.add_column(str(col), justify="right" if pd.api.types.is_numeric_dtype(df[col]) else "left")
+    for row in df.itertuples(index=False):
+        table.add_row(*[format(v, floatfmt) if floatfmt and isinstance(v, float) else str(v) for v in row])
+    console.print(table)
+
+
+@app.command("export")
+def export_cmd(
+    fmt: Annotated[str, typer.Option("--format", help="csv or parquet")] = "csv",
+    out: Annotated[Path, typer.Option("--out", help="folder to write runs.* and metrics.*")] = Path("export"),
+    db: DbOpt = None,
+) -> None:
+    """Export every run and metric (pandas) to CSV or Parquet."""
+    from attnres.tracking.db import get_engine
+    from attnres.transfer import export
+
+    for path in export(get_engine(db, create=False), out, fmt):
+        console.print(f"wrote {path}")
+
+
+@app.command("import")
+def import_cmd(
+    file: Annotated[Path, typer.Argument(help="CSV/JSONL/Parquet: run?, variant, seed, step, key, value, status?")],
+    db: DbOpt = None,
+) -> None:
+    """Import runs recorded elsewhere (format: see attnres/transfer.py or README) into the database."""
+    from attnres.tracking.db import get_engine
+    from attnres.transfer import import_file
+
+    counts = import_file(get_engine(db), file)
+    console.print(f"imported {counts['rows']:,} metric rows; {counts['runs_created']} new run(s)")
+
+
+@app.command()
+def bench(
+    target: Annotated[list[str], typer.Argument(help="data | report")],
+    megabytes: Annotated[float, typer.Option(help="bench data: text size")] = 8.0,
+    runs: Annotated[int, typer.Option(help="bench report: runs")] = 200,
+    steps: Annotated[int, typer.Option(help="bench report: steps per run")] = 6000,
+    json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """Benchmarks measured side by side in one run: data preparation, report generation."""
+    import json
+
+    from attnres import bench as B
+
+    kind = target[0]
+    if kind == "data":
+        result = B.bench_data(megabytes)
+    elif kind == "report":
+        result = B.bench_report(runs, steps)
+    else:
+        raise AttnresError(f"unknown benchmark '{kind}'; choose data or report")
+    if json_out:
+        console.print_json(json.dumps(result))
+        return
+    table = Table(title=f"attnres bench {kind}")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for k, v in result.items():
+        table.add_row(k, f"{v:,.3f}" if isinstance(v, float) else f"{v:,}")
+    console.print(table)
+
+
 @data_app.command("prepare")
 def data_prepare(
     source: Annotated[str, typer.Option(help="builtin | files | fineweb-edu")] = "builtin",

@@ -1,0 +1,108 @@
+"""Export runs and metrics to CSV/Parquet, and import runs recorded elsewhere.
+
+The metric file format is shared by both directions, so an export imports back unchanged.
+One row per metric point, long format:
+
+    run      optional  label grouping rows into one run (default: "<variant>-s<seed>")
+    variant  required  a variant name (or alias) of the registry
+    seed     required  integer
+    step     required  integer
+    key      required  metric name: eval_loss, train_loss, tokens_per_s, peak_memory_bytes, ...
+    value    required  number
+    status   optional  finished (default), running, diverged, stopped, failed, killed
+    preset   optional  default "imported"
+
+Importing the same file twice records every point once: a run is identified by its label,
+variant and seed, and metric rows are unique per (run, key, step).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pandas as pd
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
+
+from attnres.errors import AttnresError
+from attnres.tracking import store
+from attnres.tracking.schema import ACTIVE, STATES, Metric, MetricKey, Run
+from attnres.variants import canonical
+
+REQUIRED = ["variant", "seed", "step", "key", "value"]
+
+
+def export(engine: Engine, out: Path, fmt: str = "csv") -> list[Path]:
+    """Write ``runs.<fmt>`` and ``metrics.<fmt>`` into folder ``out``; return their paths."""
+    if fmt not in {"csv", "parquet"}:
+        raise AttnresError(f"unknown export format '{fmt}'; choose csv or parquet")
+    out.mkdir(parents=True, exist_ok=True)
+    runs = store.runs_frame(engine)
+    q = (select(Metric.run_id, MetricKey.name.label("key"), Metric.step, Metric.value)
+         .join(MetricKey, MetricKey.id == Metric.key_id).order_by(Metric.run_id, MetricKey.name, Metric.step))
+    with engine.connect() as conn:
+        metrics = pd.DataFrame(conn.execute(q).all(), columns=["run_id", "key", "step", "value"])
+    info = runs.set_index("id")[["variant", "seed", "status", "preset"]]
+    metrics = metrics.join(info, on="run_id")
+    metrics.insert(0, "run", "run-" + metrics.pop("run_id").astype(str))
+    metrics = metrics[["run", "variant", "seed", "step", "key", "value", "status", "preset"]]
+    paths = [out / f"runs.{fmt}", out / f"metrics.{fmt}"]
+    for frame, path in zip([runs, metrics], paths, strict=True):
+        frame.to_csv(path, index=False) if fmt == "csv" else frame.to_parquet(path, index=False)
+    return paths
+
+
+def _read(path: Path) -> pd.DataFrame:
+    if not path.exists():
+        raise AttnresError(f"no such file: {path}")
+    try:
+        if path.suffix == ".csv":
+            return pd.read_csv(path)
+        if path.suffix in {".jsonl", ".json"}:
+            return pd.read_json(path, lines=True)
+        if path.suffix == ".parquet":
+            return pd.read_parquet(path)
+    except (ValueError, OSError) as exc:
+        raise AttnresError(f"cannot read {path}: {str(exc).splitlines()[0]}") from None
+    raise AttnresError(f"unsupported file '{path}': expected .csv, .jsonl or .parquet")
+
+
+def import_file(engine: Engine, path: Path) -> dict[str, int]:
+    """Record the runs of a metric file; returns counts of runs created and rows given."""
+    df = _read(path)
+    missing = [c for c in REQUIRED if c not in df.columns]
+    if missing:
+        raise AttnresError(f"{path} lacks column(s) {', '.join(missing)} (see `attnres import --help`)")
+    try:
+        df["seed"], df["step"] = df["seed"].astype(int), df["step"].astype(int)
+        df["value"] = df["value"].astype(float)
+    except (ValueError, TypeError):
+        raise AttnresError(f"{path}: seed and step must be integers and value a number") from None
+    df["variant"] = [canonical(v) for v in df["variant"]]
+    if "run" not in df.columns:
+        df["run"] = df["variant"] + "-s" + df["seed"].astype(str)
+    df["status"] = df["status"].fillna("finished") if "status" in df.columns else "finished"
+    bad = set(df["status"]) - set(STATES)
+    if bad:
+        raise AttnresError(f"{path}: unknown status {', '.join(sorted(bad))}")
+    created = 0
+    for (label, variant, seed), grp in df.groupby(["run", "variant", "seed"], sort=True):
+        ident = hashlib.sha256(f"import:{label}:{variant}:{seed}".encode()).hexdigest()[:12]
+        with Session(engine) as s:
+            run_id = s.scalar(select(Run.id).where(Run.config_hash == ident))
+            if run_id is None:
+                given = grp["preset"].iloc[0] if "preset" in grp else None
+                preset = str(given) if given is not None and pd.notna(given) else "imported"
+                run = Run(variant=variant, seed=int(seed), preset=preset, data=f"imported:{path.name}",
+                          config_json=json.dumps({"variant": variant, "seed": int(seed), "imported": str(label)}),
+                          config_hash=ident, status=str(grp["status"].iloc[-1]), total_steps=int(grp["step"].max()),
+                          step=int(grp["step"].max()), created_at=store.now(), ended_at=store.now(),
+                          stop_step=int(grp["step"].max()) if grp["status"].iloc[-1] not in (*ACTIVE, "finished")
+                          else None)
+                s.add(run)
+                s.commit()
+                run_id, created = run.id, created + 1
+        store.log_metrics(engine, run_id, list(zip(grp["step"], grp["key"], grp["value"], strict=True)))
+    return {"runs_created": created, "rows": len(df)}

@@ -1,0 +1,88 @@
+"""Side-by-side comparison of variants: pure functions from DataFrames to tables."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+
+from reports.stats import ReportError, mean_ci, seeds_to_resolve, welch
+
+
+def aligned_evals(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
+    """Seed-mean eval loss per variant at the steps every compared variant reached, and Δ vs the first."""
+    merged = evals.merge(runs[["id", "variant"]], left_on="run_id", right_on="id")
+    merged = merged[merged["variant"].isin(variants)]
+    wide = merged.groupby(["step", "variant"])["value"].mean().unstack("variant")
+    missing = [v for v in variants if v not in wide.columns]
+    if missing:
+        raise ReportError(f"no eval loss recorded for: {', '.join(missing)}")
+    wide = wide[variants].dropna()
+    if wide.empty:
+        raise ReportError("the variants share no eval step")
+    first = variants[0]
+    for v in variants[1:]:
+        wide[f"Δ {v}"] = wide[v] - wide[first]
+    return wide.reset_index()
+
+
+def seed_stats(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str], step: int) -> pd.DataFrame:
+    """Per variant at ``step``: seeds, mean, std, 95% CI; Welch t/p and seeds to resolve vs the first."""
+    at = evals[evals["step"] == step].merge(runs[["id", "variant", "seed"]], left_on="run_id", right_on="id")
+    ref = at.loc[at["variant"] == variants[0], "value"].to_numpy()
+    ref_std = float(np.std(ref, ddof=1)) if len(ref) > 1 else float("nan")
+    rows = []
+    for v in variants:
+        vals = at.loc[at["variant"] == v, "value"].to_numpy()
+        mean, std, lo, hi = mean_ci(vals)
+        t, p = welch(vals, ref) if v != variants[0] else (float("nan"), float("nan"))
+        need = seeds_to_resolve(mean - float(np.mean(ref)), std, ref_std) if v != variants[0] and len(ref) else math.nan
+        rows.append({"variant": v, "seeds": len(vals), "mean": mean, "std": std, "ci_low": lo, "ci_high": hi,
+                     "delta": mean - float(np.mean(ref)) if len(ref) else math.nan, "t": t, "p": p,
+                     "seeds_to_resolve": need})
+    return pd.DataFrame(rows)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        out.update(_flatten(v, key + ".") if isinstance(v, dict) else {key: v})
+    return out
+
+
+def config_diff(runs: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
+    """Config fields whose value differs between the variants (seed excluded), one column each."""
+    per = {}
+    for v in variants:
+        row = runs[runs["variant"] == v].iloc[0]
+        flat = _flatten(json.loads(row["config_json"]))
+        flat.pop("seed", None)
+        per[v] = flat
+    keys = sorted(set().union(*[set(f) for f in per.values()]))
+    rows = [{"setting": k, **{v: per[v].get(k, "—") for v in variants}} for k in keys
+            if len({json.dumps(per[v].get(k), sort_keys=True) for v in variants}) > 1]
+    return pd.DataFrame(rows, columns=["setting", *variants])
+
+
+def cost(runs: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
+    """Mean throughput and peak memory per variant, with change vs the first (%)."""
+    g = runs[runs["variant"].isin(variants)].groupby("variant")[["tokens_per_s", "peak_memory_bytes"]].mean()
+    g = g.reindex(variants)
+    g["tok/s vs first %"] = (g["tokens_per_s"] / g["tokens_per_s"].iloc[0] - 1) * 100
+    g["memory vs first %"] = (g["peak_memory_bytes"] / g["peak_memory_bytes"].iloc[0] - 1) * 100
+    return g.reset_index()
+
+
+def compare_markdown(aligned: pd.DataFrame, stats_: pd.DataFrame, diff: pd.DataFrame, costs: pd.DataFrame,
+                     step: int) -> str:
+    """All comparison tables as one markdown document."""
+    return "\n".join([
+        f"# Comparison: {' vs '.join(stats_['variant'])}\n",
+        "## Eval loss at common steps (seed mean)\n", aligned.to_markdown(index=False, floatfmt=".4f"), "",
+        f"## Statistics over seeds at step {step}\n", stats_.to_markdown(index=False, floatfmt=".4f"), "",
+        "## Config differences\n", diff.to_markdown(index=False) if len(diff) else "_(none besides the variant)_", "",
+        "## Throughput and memory\n", costs.to_markdown(index=False, floatfmt=".1f"), "",
+    ])

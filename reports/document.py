@@ -16,7 +16,7 @@ from reports.tables import completed, cost_benefit, family_comparison, multi_see
 
 
 def _md(df: pd.DataFrame) -> str:
-    return df.to_markdown(index=False) if len(df) else "_(none)_"
+    return df.to_markdown(index=False, disable_numparse=True) if len(df) else "_(none)_"
 
 
 def _num(x: float, fmt: str) -> str:
@@ -54,7 +54,7 @@ def cost_section(table: pd.DataFrame, base: pd.Series, baseline: str) -> str:
     mem = base["peak_memory_bytes"]
     mem_txt = f"{mem / 2**30:.2f} GiB" if not math.isnan(mem) else "unknown"
     rule = ("Quality: one ★ per 0.010 of eval-loss improvement over the baseline, to the nearest half "
-            "star; ☆ means no improvement. Verdict: Δ ≥ 0 is *Not worth it*; of the improving variants "
+            "star, at most five; ☆ means no improvement. Verdict: Δ ≥ 0 is *Not worth it*; of the improving variants "
             "the largest improvement is *Best quality*, the largest improvement per unit of cost "
             "(speed cost % + memory cost %, at least 1) is *Best quality/cost ratio*; the rest are "
             "*Solid* at ≥ 0.020 improvement, else *Modest*. Runs that ended early are left out.")

@@ -88,9 +88,12 @@ def seeds_to_resolve(delta: float, std_a: float, std_b: float, alpha: float = 0.
     return float(math.ceil(2 * (z * sigma / abs(delta)) ** 2))
 
 
+MAX_STARS = 5
+
+
 def stars(delta: float) -> str:
-    """One star per 0.01 of eval-loss improvement, to the nearest half star; ☆ for none."""
-    n = round(-delta / 0.01 * 2) / 2
+    """One star per 0.01 of eval-loss improvement, to the nearest half star, at most 5; ☆ for none."""
+    n = min(MAX_STARS, round(-delta / 0.01 * 2) / 2)
     if n <= 0:
         return "☆"
     return "★" * int(n) + ("½" if n % 1 else "")

@@ -174,12 +174,12 @@ def prepare(source: Source, out: Path, shard_tokens: int = 50_000_000, batch_doc
             done += 1
             if cap and total >= cap:
                 break
+            if buffered["train"] >= shard_tokens:
+                checkpoint(final=False)
         if on_progress:
             on_progress(done, total)
         if cap and total >= cap:
             break
-        if buffered["train"] >= shard_tokens:
-            checkpoint(final=False)
     checkpoint(final=True)
     if manifest["splits"]["train"]["tokens"] == 0 or manifest["splits"]["eval"]["tokens"] == 0:
         raise AttnresError(f"'{out}': too little data for both a train and an eval split")

@@ -1,0 +1,156 @@
+"""Data pipeline: FineWeb-Edu-schema files -> shards with a held-out split -> rank-disjoint batches."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import attnres
+
+from attnres.data.corpus import is_eval
+from attnres.data.loader import TokenShards, TrainLoader
+from attnres.data.prepare import Source, prepare, read_manifest
+from attnres.data.tokenizer import EOT, get_encoding
+
+WORDS = ("the model learns which earlier layers matter for each token while residual streams carry "
+         "information across depth and training on educational web text improves reasoning").split()
+
+
+def fineweb_rows(n: int, seed: int = 0) -> list[dict]:
+    """Rows in FineWeb-Edu's schema (text, id, dump, url, language, score, token_count ...)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        text = " ".join(rng.choice(WORDS, size=int(rng.integers(20, 120)))).capitalize() + "."
+        rows.append({"text": text, "id": f"<urn:uuid:{seed}-{i}>", "dump": "CC-MAIN-2024-10",
+                     "url": f"https://example.org/{i}", "language": "en", "language_score": 0.97,
+                     "score": 3.1, "int_score": 3, "token_count": len(text.split())})
+    return rows
+
+
+def write_parquet(path, rows):
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def split_stream(path, split):
+    m = read_manifest(path)
+    return np.concatenate([np.fromfile(path / s["file"], dtype=np.uint16) for s in m["splits"][split]["shards"]])
+
+
+def expected_stream(rows, split, frac=0.1):
+    enc = get_encoding()
+    out = []
+    for r in rows:
+        if is_eval(r["id"], frac) == (split == "eval"):
+            out += [EOT, *enc.encode_ordinary(r["text"])]
+    return np.array(out, dtype=np.uint16)
+
+
+def test_prepare_parquet_and_jsonl_matches_tiktoken_with_disjoint_split(workdir):
+    a, b = fineweb_rows(300, seed=1), fineweb_rows(200, seed=2)
+    (workdir / "raw").mkdir()
+    write_parquet(workdir / "raw" / "part-0.parquet", a)
+    write_jsonl(workdir / "raw" / "part-1.jsonl", b)
+    proc = attnres("data", "prepare", "--data-files", "raw/*.parquet", "--data-files", "raw/*.jsonl",
+                   "--out", "prepared", "--shard-tokens", "3000", check=True)
+    assert "500 documents" in proc.stdout
+    out = workdir / "prepared"
+    for split in ("train", "eval"):
+        assert np.array_equal(split_stream(out, split), expected_stream(a + b, split))
+    m = read_manifest(out)
+    assert len(m["splits"]["train"]["shards"]) > 1  # several shards were written
+    assert m["splits"]["train"]["documents"] + m["splits"]["eval"]["documents"] == 500
+    assert m["tokenizer"] == "r50k_base" and m["complete"]
+    eval_ids = {r["id"] for r in a + b if is_eval(r["id"], 0.1)}
+    assert 20 < len(eval_ids) < 90  # about 10% held out, decided per document
+
+    again = attnres("data", "prepare", "--data-files", "raw/*.parquet", "--data-files", "raw/*.jsonl",
+                    "--out", "prepared", "--shard-tokens", "3000", check=True)
+    assert "already prepared" in again.stdout
+
+
+def test_interrupted_prepare_resumes_to_the_same_result(tmp_path):
+    rows = fineweb_rows(400, seed=3)
+    write_jsonl(tmp_path / "d.jsonl", rows)
+    src = Source(kind="files", files=[str(tmp_path / "d.jsonl")])
+    calls = {"n": 0}
+
+    def crash(docs, tokens):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        prepare(src, tmp_path / "a", shard_tokens=2000, batch_docs=32, on_progress=crash)
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert not manifest["complete"] and manifest["docs_done"] > 0
+    with pytest.raises(Exception, match="partly prepared"):
+        read_manifest(tmp_path / "a")
+    prepare(src, tmp_path / "a", shard_tokens=2000, batch_docs=32)
+    prepare(src, tmp_path / "b", shard_tokens=2000, batch_docs=32)
+    for split in ("train", "eval"):
+        assert np.array_equal(split_stream(tmp_path / "a", split), split_stream(tmp_path / "b", split))
+    assert not list((tmp_path / "a").glob("*.tmp"))
+
+
+def test_loader_gives_ranks_disjoint_deterministic_resumable_batches(builtin_data):
+    shards = TokenShards(builtin_data / "builtin", "train", 64)
+    r0 = TrainLoader(shards, 4, seed=42, rank=0, world=2)
+    r1 = TrainLoader(shards, 4, seed=42, rank=1, world=2)
+    seen = set()
+    for step in range(r0.per_epoch + 3):  # crosses an epoch boundary
+        a, b = set(r0.indices(step)), set(r1.indices(step))
+        assert len(a) == len(b) == 4 and not a & b
+        if step < r0.per_epoch:
+            assert not (a | b) & seen  # within an epoch no window repeats
+            seen |= a | b
+    resumed = TrainLoader(shards, 4, seed=42, rank=1, world=2)
+    for step in (0, 17, r0.per_epoch + 1):
+        x1, y1 = r1.batch(step)
+        x2, y2 = resumed.batch(step)
+        assert np.array_equal(x1, x2) and np.array_equal(y1, y2)
+        assert np.array_equal(x1[:, 1:], y1[:, :-1])  # targets are inputs shifted by one
+    other = TrainLoader(shards, 4, seed=7, rank=1, world=2)
+    assert not np.array_equal(other.indices(0), r1.indices(0))
+
+
+def test_builtin_corpus_is_real_prose_with_a_held_out_split(builtin_data):
+    m = read_manifest(builtin_data / "builtin")
+    assert m["splits"]["train"]["tokens"] > 100_000 and m["splits"]["eval"]["tokens"] > 10_000
+    text = get_encoding().decode(split_stream(builtin_data / "builtin", "train")[:400].tolist())
+    assert " the " in text
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--data-files", "missing/*.parquet"], "no data files match 'missing/*.parquet'"),
+    (["--data-files", "bad.parquet"], "has no 'text' column"),
+    (["--data-files", "bad.jsonl"], "line 1 has no 'text' field"),
+    (["--source", "fineweb-edu"], "--data-files"),
+])
+def test_bad_input_is_one_clear_line(workdir, args, message):
+    write_parquet(workdir / "bad.parquet", [{"content": "no text column here"}])
+    (workdir / "bad.jsonl").write_text('{"body": "x"}\n')
+    proc = attnres("data", "prepare", *args, "--out", "out")
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_tokenizer_files_fail_fast_with_a_clear_line(workdir, monkeypatch):
+    empty = workdir / "empty-cache"
+    empty.mkdir()
+    write_jsonl(workdir / "d.jsonl", fineweb_rows(5))
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(empty))
+    monkeypatch.setenv("ATTNRES_TOKENIZER_TIMEOUT", "20")
+    proc = attnres("data", "prepare", "--data-files", "d.jsonl", "--out", "o", timeout=120)
+    assert proc.returncode == 2
+    assert "cannot load the GPT-2 tokenizer" in proc.stderr and "TIKTOKEN_CACHE_DIR" in proc.stderr
+    assert os.environ.get("TIKTOKEN_CACHE_DIR") == str(empty)

@@ -1,0 +1,146 @@
+"""Reports and compare from a real SQLite database holding known step-wise curves."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from conftest import attnres
+from scipy import stats
+
+from attnres.tracking import store
+from attnres.tracking.db import get_engine
+from attnres.variants import resolve_run
+
+BASE = {42: 3.00, 1337: 3.10, 123: 3.20}  # standard's eval loss at step 100
+HYBRID = {42: 2.90, 1337: 2.94, 123: 2.99, 456: 3.01}
+
+
+def add_run(engine, variant, seed, final_eval, *, steps=100, tps=1000.0, mem=1e9, status="finished",
+            stop_step=None, train=None):
+    """A run whose eval loss falls linearly from 10 to ``final_eval`` over evals every 25 steps."""
+    cfg = resolve_run(variant, "tiny", seed, [f"steps={steps}"])
+    run_id = store.create_run(engine, cfg, status=status)
+    last = stop_step if stop_step is not None else steps
+    store.update_run(engine, run_id, step=last, stop_step=stop_step)
+    rows = []
+    for s in range(0, last + 1, 25):
+        rows.append((s, "eval_loss", 10 + (final_eval - 10) * s / steps))
+    for s in range(5, last + 1, 5):
+        rows += [(s, "train_loss", (train if train is not None else final_eval - 0.05) + (last - s) * 0.01),
+                 (s, "tokens_per_s", tps), (s, "peak_memory_bytes", mem)]
+    store.log_metrics(engine, run_id, rows)
+    return run_id
+
+
+@pytest.fixture
+def db(workdir):
+    engine = get_engine(str(workdir / "runs.db"))
+    for seed, v in BASE.items():
+        add_run(engine, "standard", seed, v, tps=1000, mem=1e9)
+    for seed, v in HYBRID.items():
+        add_run(engine, "block_hybrid_memory", seed, v, tps=800, mem=1.5e9)
+    add_run(engine, "control_block", 42, 3.02, tps=900, mem=1.2e9)
+    add_run(engine, "block_rope_depth", 42, 3.5, status="diverged", stop_step=50)
+    add_run(engine, "block_sparse_depth", 42, 3.3, status="stopped", stop_step=75)
+    add_run(engine, "deep_baseline", 42, 3.2, steps=200, tps=600)
+    add_run(engine, "deep_control_block", 42, 2.9, steps=200, tps=500)
+    return engine
+
+
+def test_report_has_exact_statistics(db, workdir):
+    attnres("report", "--out", "r.md", check=True)
+    text = (workdir / "r.md").read_text()
+    base, hyb = np.array(list(BASE.values())), np.array(list(HYBRID.values()))
+    # completed experiments: seed means and Δ
+    assert f"|{hyb.mean():.3f}|" in text.replace(" ", "")
+    assert f"{hyb.mean() - base.mean():+.3f}" in text
+    assert "4 seeds (42, 123, 456, 1337)" in text and "3 seeds (42, 123, 1337)" in text
+    # multi-seed: std, CI and Welch's t against scipy
+    std = hyb.std(ddof=1)
+    half = stats.t.ppf(0.975, 3) * std / math.sqrt(4)
+    assert f"{std:.4f}" in text
+    assert f"[{hyb.mean() - half:.3f}, {hyb.mean() + half:.3f}]" in text
+    t = stats.ttest_ind(hyb, base, equal_var=False)
+    assert f"Welch t = {t.statistic:.3f}, p = {t.pvalue:.4f}" in text
+    # marks for early-ended runs, as the document's footnote
+    # (their last evals: 10 + (3.5 - 10) * 50/100 and 10 + (3.3 - 10) * 75/100)
+    assert "4.975*" in text and "*Stopped early at step 75." in text
+    assert "6.750**" in text and "**Diverged at step 50." in text
+    # cost/benefit: exact percentages, stated rule
+    assert "| block_hybrid_memory | ★★★★★ (-0.140)" in text
+    assert "| control_block       | ★★★★★ (-0.080)" in text
+    assert "-20%" in text and "+50%" in text and "Best quality" in text
+    assert "one ★ per 0.010 of eval-loss improvement" in text and "Best quality/cost ratio" in text
+    # deep family against the shallow baseline at their common step (100)
+    assert "## Deep Variants" in text and "Eval @ 100" in text
+    assert "![Eval loss curves](reports/eval_curves.png)" in text
+    assert (workdir / "reports" / "eval_curves.png").stat().st_size > 10_000
+
+
+def test_report_is_identical_when_run_twice(db, workdir):
+    attnres("report", "--out", "a.md", check=True)
+    attnres("report", "--out", "b.md", check=True)
+    assert (workdir / "a.md").read_text() == (workdir / "b.md").read_text()
+
+
+def test_report_at_a_chosen_step(db, workdir):
+    attnres("report", "--out", "r.md", "--step", "50", "--no-plots", check=True)
+    text = (workdir / "r.md").read_text()
+    assert "Eval loss at step 50" in text
+    assert f"{10 + (3.0 - 10) * 0.5:.3f}" in text  # standard seed 42 halfway down
+
+
+def test_report_without_baseline_or_runs_says_so(workdir):
+    engine = get_engine(str(workdir / "runs.db"))
+    empty = attnres("report", "--out", "r.md")
+    assert empty.returncode == 2 and "no runs" in empty.stderr
+    add_run(engine, "control_block", 1, 3.0)
+    nobase = attnres("report", "--out", "r.md")
+    assert nobase.returncode == 2 and "baseline 'standard'" in nobase.stderr
+    assert len(nobase.stderr.strip().splitlines()) == 1
+
+
+def test_report_unwritable_out_is_one_line(db, workdir):
+    proc = attnres("report", "--out", "no/such/folder/r.md")
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_compare_prints_aligned_losses_statistics_and_config(db, workdir):
+    proc = attnres("compare", "standard", "block_hybrid_memory", "--out", "c.md", "--plot", "c.png", check=True)
+    text = (workdir / "c.md").read_text()
+    assert "Statistics over seeds at step 100" in proc.stdout
+    base, hyb = np.array(list(BASE.values())), np.array(list(HYBRID.values()))
+    t = stats.ttest_ind(hyb, base, equal_var=False)
+    assert f"{t.statistic:.4f}" in text
+    assert "residual.window" in text  # the config difference between the two
+    assert (workdir / "c.png").exists()
+    one = attnres("compare", "standard")
+    assert one.returncode == 2 and "at least two" in one.stderr
+
+
+def test_export_then_import_reproduces_the_report(db, workdir):
+    attnres("report", "--out", "orig.md", "--no-plots", check=True)
+    for fmt in ("csv", "parquet"):
+        attnres("export", "--format", fmt, "--out", f"exp-{fmt}", check=True)
+    assert (workdir / "exp-parquet" / "metrics.parquet").exists()
+    other = str(workdir / "other.db")
+    out = attnres("import", "exp-csv/metrics.csv", "--db", other, check=True)
+    assert "12 new run(s)" in out.stdout
+    again = attnres("import", "exp-csv/metrics.csv", "--db", other, check=True)
+    assert "0 new run(s)" in again.stdout
+    rows = store.metrics_frame(get_engine(other), ["eval_loss", "train_loss"])
+    assert not rows.duplicated(["run_id", "key", "step"]).any()
+    attnres("report", "--out", "imported.md", "--no-plots", "--db", other, check=True)
+    orig = (workdir / "orig.md").read_text()
+    imported = (workdir / "imported.md").read_text()
+    # The tables match; imported runs differ only in their (absent) original configs.
+    for section in ("## Completed Experiments", "## Multi-Seed Results", "## Cost/Benefit Summary"):
+        assert orig.split(section)[1][:400] == imported.split(section)[1][:400]
+
+
+def test_import_rejects_files_without_required_columns(workdir):
+    (workdir / "bad.csv").write_text("variant,seed,value\nstandard,1,3.0\n")
+    proc = attnres("import", "bad.csv")
+    assert proc.returncode == 2 and "lacks column(s) step, key" in proc.stderr

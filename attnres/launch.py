@@ -8,12 +8,11 @@ last lines of its log: no run stays "running" after its process is gone.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -25,8 +24,7 @@ from attnres.config import RunConfig
 from attnres.data.prepare import dataset_path, ensure_builtin, read_manifest
 from attnres.errors import AttnresError
 from attnres.tracking import store
-from attnres.tracking.db import normalize_url
-from attnres.tracking.schema import ACTIVE
+from attnres.tracking.schema import ACTIVE, RESUMABLE
 from attnres.variants import canonical, resolve_run
 
 
@@ -67,9 +65,16 @@ def plan(engine: Engine | None, variants: list[str], seeds: list[int], preset: s
     grid = [PlannedRun(resolve_run(v, preset, s, overrides, data)) for v in names for s in seeds]
     if engine is not None and not force:
         for cell in grid:
-            done = store.finished_with_config(engine, cell.cfg.config_hash)
+            prior = store.runs_with_config(engine, cell.cfg.config_hash)
+            done = [r for r, s in prior if s == "finished"]
+            active = [r for r, s in prior if s in ACTIVE]
+            resumable = [r for r, s in prior if s in RESUMABLE]
             if done:
                 cell.skip = f"finished as run {done[0]} (use --force to run again)"
+            elif active:
+                cell.skip = f"already queued or running as run {active[0]}"
+            elif resumable:
+                cell.run_id = resumable[-1]  # continue the interrupted run from its checkpoint
     return grid
 
 
@@ -106,57 +111,43 @@ def settle(engine: Engine, run_id: int, returncode: int, log: Path) -> str:
     return run.status
 
 
-def start(engine: Engine, db: str | None, cell: PlannedRun, nproc: int = 1) -> tuple[subprocess.Popen, Path]:
-    """Create the run row and start its torchrun process with output to the run's log file."""
-    url = normalize_url(db)
-    logs_dir().mkdir(parents=True, exist_ok=True)
-    cell.run_id = store.create_run(engine, cell.cfg, world_size=nproc, git_commit=git_commit())
-    log = (logs_dir() / f"run-{cell.run_id}.log").resolve()
-    store.update_run(engine, cell.run_id, log_path=str(log))
-    threads = os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    env = os.environ | {"OMP_NUM_THREADS": threads}
-    with log.open("ab") as fh:
-        proc = subprocess.Popen(torchrun_command(cell.run_id, url, nproc), stdout=fh, stderr=subprocess.STDOUT,
-                                env=env, stdin=subprocess.DEVNULL)
-    return proc, log
-
-
-def run_foreground(engine: Engine, db: str | None, cells: list[PlannedRun], nproc: int = 1,
-                   on_progress: Callable[[PlannedRun, int, int], None] | None = None,
-                   poll: float = 0.5) -> dict[int, str]:
-    """Run the planned cells one after another; return {run_id: final status}."""
-    for data in {c.cfg.data for c in cells if not c.skip}:
-        check_data(data)
-    results: dict[int, str] = {}
+def enqueue(engine: Engine, cells: list[PlannedRun], nproc: int = 1, rule: dict | None = None,
+            backend: str = "local") -> list[int]:
+    """Create queued run rows (or re-queue resumable ones); return the ids to run, in order."""
+    ids = []
     for cell in cells:
         if cell.skip:
             continue
-        proc, log = start(engine, db, cell, nproc)
-        assert cell.run_id is not None
-        try:
-            while proc.poll() is None:
-                if on_progress:
-                    on_progress(cell, store.get_run(engine, cell.run_id).step, cell.cfg.train.steps)
-                time.sleep(poll)
-        except KeyboardInterrupt:
-            proc.terminate()
-            proc.wait(timeout=30)
-            store.update_run(engine, cell.run_id, status="killed", ended_at=store.now(), message="interrupted")
-            raise
-        results[cell.run_id] = settle(engine, cell.run_id, proc.returncode, log)
-        if on_progress:
-            on_progress(cell, store.get_run(engine, cell.run_id).step, cell.cfg.train.steps)
-    return results
+        if cell.run_id is None:
+            cell.run_id = store.create_run(engine, cell.cfg, world_size=nproc, git_commit=git_commit())
+        log = (logs_dir() / f"run-{cell.run_id}.log").resolve()
+        store.update_run(engine, cell.run_id, status="queued", log_path=str(log), backend=backend,
+                         rule_json=json.dumps(rule) if rule else None, exit_code=None, ended_at=None)
+        ids.append(cell.run_id)
+    logs_dir().mkdir(parents=True, exist_ok=True)
+    return ids
+
+
+STALE_AFTER_S = 30  # a running run whose heartbeat is older than this is dead (beats every 5 s)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def reconcile(engine: Engine) -> list[int]:
-    """Mark active runs of this host whose process is gone as failed; return their ids."""
+    """Mark running runs whose process is gone (this host) or whose heartbeat stopped as failed."""
     host = socket.gethostname()
     dead = []
     for run in store.active_runs(engine):
-        if run.status == "running" and run.host == host and run.pid and not psutil.pid_exists(run.pid):
+        silent = run.heartbeat_at is not None and (store.now() - run.heartbeat_at).total_seconds() > STALE_AFTER_S
+        gone = run.host == host and run.pid and not _alive(run.pid)
+        if run.status == "running" and (gone or silent):
             store.update_run(engine, run.id, status="failed", ended_at=store.now(),
-                             message=f"process {run.pid} is gone without recording an end\n"
+                             message=f"process {run.pid} on {run.host} is gone without recording an end\n"
                                      f"{tail(Path(run.log_path)) if run.log_path else ''}")
             dead.append(run.id)
     return dead

@@ -70,3 +70,29 @@ def status_rows(engine: Engine) -> list[dict[str, object]]:
             "memory MiB": _fmt(m.get("peak_memory_bytes", float("nan")) / 2**20, ",.0f"),
         })
     return rows
+
+
+def _cell(run: pd.Series) -> str:
+    """One grid cell: state, progress and, while running, an ETA from the pace so far."""
+    text = f"{run.status} {run.step}/{run.total_steps}"
+    if run.status == "running" and run.step and pd.notna(run.started_at):
+        elapsed = (store.now() - run.started_at).total_seconds()
+        eta = elapsed / run.step * (run.total_steps - run.step)
+        text += f" ETA {int(eta // 60)}:{int(eta % 60):02d}"
+    if pd.notna(run.stop_step):
+        text += f" @{int(run.stop_step)}"
+    return text
+
+
+def grid_rows(engine: Engine) -> tuple[list[str], list[list[str]]]:
+    """Variant rows x seed columns; each cell is the latest run of that pair."""
+    runs = store.runs_frame(engine)
+    if runs.empty:
+        return ["variant"], [["no runs yet"]]
+    seeds = sorted(runs["seed"].unique())
+    latest = runs.sort_values("id").groupby(["variant", "seed"]).tail(1).set_index(["variant", "seed"])
+    rows = []
+    for variant in dict.fromkeys(runs["variant"]):
+        rows.append([variant] + [_cell(latest.loc[(variant, s)]) if (variant, s) in latest.index else "—"
+                                 for s in seeds])
+    return ["variant", *[f"seed {s}" for s in seeds]], rows

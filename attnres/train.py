@@ -15,7 +15,9 @@ import json
 import math
 import os
 import resource
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -45,7 +47,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--data", default="builtin")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--db", default=None, help="SQLAlchemy URL or SQLite path (default ./runs.db)")
-    p.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
+    p.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint of the run")
     if argv[:1] == ["--"]:  # torchrun passes the separator through
         argv = argv[1:]
     return p.parse_args(argv)
@@ -132,8 +134,58 @@ def build_optimizer(model: torch.nn.Module, cfg: RunConfig, device: torch.device
                              fused=device.type == "cuda")
 
 
-def train(cfg: RunConfig, run_id: int, engine, d: Dist, resume: bool = False) -> str:  # noqa: ANN001
-    """Train one run; return its final status ("finished" or "diverged")."""
+class Preemption:
+    """Turns SIGTERM into a flag checked between steps: save a checkpoint, then stop as preempted."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, _signum: int, _frame: object) -> None:
+        self.requested = True
+
+
+
+def agree(flags: list[bool], d: Dist) -> list[bool]:
+    """Each flag set on any rank is set on all: every rank must stop at the same step."""
+    t = torch.tensor([float(f) for f in flags], device=d.device)
+    if d.world > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [bool(x) for x in t.tolist()]
+
+
+class Heartbeat(threading.Thread):
+    """Refresh the run's heartbeat every few seconds, so a dead run is noticed even between logs."""
+
+    def __init__(self, engine, run_id: int, every: float = 5.0) -> None:  # noqa: ANN001
+        super().__init__(daemon=True)
+        self.engine, self.run_id, self.every = engine, run_id, every
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.every):
+            try:
+                store.update_run(self.engine, self.run_id, heartbeat_at=store.now())
+            except Exception:  # noqa: BLE001, S112 - a missed beat is retried; training goes on
+                continue
+
+
+def worse_than_rule(engine, run_id: int, cfg: RunConfig, step: int, value: float) -> str | None:  # noqa: ANN001
+    """The early-stop verdict of the run's rule at ``step``, or None to go on."""
+    rule = store.get_run(engine, run_id).rule_json
+    if not rule:
+        return None
+    r = json.loads(rule)
+    if step != r["at_step"]:
+        return None
+    base = store.eval_at_step(engine, r["baseline"], cfg.preset, step, exclude=run_id)
+    if base is None or value <= base + r["by"]:
+        return None
+    return f"eval loss {value:.3f} is worse than {r['baseline']}'s {base:.3f} by more than {r['by']} at step {step}"
+
+
+def train(cfg: RunConfig, run_id: int, engine, d: Dist, fresh: bool = False) -> str:  # noqa: ANN001
+    """Train one run; return its final status (finished, diverged, stopped or preempted)."""
     torch.manual_seed(cfg.seed)
     data = dataset_path(cfg.data)
     train_shards = TokenShards(data, "train", cfg.model.seq_len)
@@ -153,8 +205,11 @@ def train(cfg: RunConfig, run_id: int, engine, d: Dist, resume: bool = False) ->
         return torch.autocast(d.device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
 
     ckpt = checkpoint.checkpoint_dir(run_id) / "last.pt"
-    start = checkpoint.load(ckpt, raw_model, optimizer) if resume and ckpt.exists() else 0
+    start = checkpoint.load(ckpt, raw_model, optimizer) if ckpt.exists() and not fresh else 0
     sink = MetricSink(engine, run_id) if d.main else None
+    if sink and start:
+        store.drop_metrics_after(engine, run_id, start)  # the resumed run rewrites what follows
+    preemption = Preemption()
     tcfg = cfg.train
     tokens_per_step = tcfg.batch_size * cfg.model.seq_len * tcfg.grad_accum * d.world
     if start == 0:
@@ -196,16 +251,26 @@ def train(cfg: RunConfig, run_id: int, engine, d: Dist, resume: bool = False) ->
                          tokens_per_s=tokens_per_step * steps_since / elapsed,
                          peak_memory_bytes=peak_memory_bytes(d.device))
             t_last, steps_since = time.perf_counter(), 0
+        verdict = None
         if done % tcfg.eval_every == 0 or last:
             ev = evaluate(model, eval_shards, cfg, d, autocast)
             if sink:
                 sink.add(done, eval_loss=ev)
+                print(f"step {done}/{tcfg.steps} train {train_loss:.4f} eval {ev:.4f}", flush=True)
+            verdict = worse_than_rule(engine, run_id, cfg, done, ev) if d.main else None
             t_last = time.perf_counter()  # keep eval time out of tokens/s
-        if (tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0) or last:
+        preempted, stop = agree([preemption.requested, verdict is not None], d)
+        if (tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0) or last or preempted:
             if d.main:
                 checkpoint.save(ckpt, raw_model, optimizer, done)
-        if sink and (done % tcfg.log_every == 0 or last or done % tcfg.eval_every == 0):
+        if sink and (done % tcfg.log_every == 0 or last or done % tcfg.eval_every == 0 or preempted or stop):
             sink.flush(done)
+        if preempted:
+            return "preempted"
+        if stop:
+            if verdict:
+                store.update_run(engine, run_id, message=verdict, stop_step=done)
+            return "stopped"
     return "finished"
 
 
@@ -223,25 +288,31 @@ def main(argv: list[str] | None = None) -> int:
             box = [run_id]
             dist.broadcast_object_list(box)
             run_id = box[0]
-    if d.main:
+    beat = Heartbeat(engine, run_id) if d.main else None
+    if beat:
         store.mark_started(engine, run_id, d.world)
+        beat.start()
     try:
-        status = train(cfg, run_id, engine, d, resume=args.resume)
+        status = train(cfg, run_id, engine, d, fresh=args.fresh)
     except BaseException as exc:
-        if d.main:
+        if beat:
+            beat.stopped.set()
             store.update_run(engine, run_id, status="failed", ended_at=store.now(), exit_code=1,
                              message=f"{type(exc).__name__}: {exc}"[:2000])
         raise
     finally:
         if d.world > 1 and dist.is_initialized():
             dist.destroy_process_group()
-    if d.main:
-        fields = {"status": status, "ended_at": store.now(), "exit_code": 0}
+    if beat:
+        beat.stopped.set()
+        fields: dict[str, object] = {"status": status, "ended_at": store.now(), "exit_code": 0}
         if status == "diverged":
             run = store.get_run(engine, run_id)
             fields |= {"stop_step": run.step, "message": "non-finite training loss"}
+        if status == "preempted":
+            fields |= {"message": "SIGTERM: checkpoint saved; `attnres resume` continues it", "ended_at": None}
         store.update_run(engine, run_id, **fields)
-    return 0 if status == "finished" else 3
+    return 0
 
 
 if __name__ == "__main__":

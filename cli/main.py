@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -50,54 +51,207 @@ def launch(
     steps: Annotated[int | None, typer.Option(help="override the preset's training steps")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="override KEY=VALUE (repeatable)")] = None,
     data: Annotated[str, typer.Option(help="prepared dataset name or folder")] = "builtin",
-    nproc: Annotated[int, typer.Option(help="processes (ranks) per run")] = 1,
+    nproc: Annotated[int, typer.Option(help="processes (ranks) per run on CPU")] = 1,
+    gpus_per_run: Annotated[int, typer.Option(help="GPUs per run (local backend)")] = 1,
+    detach: Annotated[bool, typer.Option(help="return at once; the queue runs in the background")] = False,
     force: Annotated[bool, typer.Option(help="run even if finished with the same config")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan and torchrun commands only")] = False,
+    kill_if_worse_than: Annotated[str | None, typer.Option(help="early-stop rule: baseline variant")] = None,
+    by: Annotated[float, typer.Option(help="early-stop rule: margin in eval loss")] = 0.1,
+    at_step: Annotated[int | None, typer.Option(help="early-stop rule: eval step to check")] = None,
+    backend: Annotated[str, typer.Option(help="local | slurm")] = "local",
+    partition: Annotated[str | None, typer.Option(help="SLURM partition")] = None,
+    nodes: Annotated[int, typer.Option(help="SLURM nodes per run")] = 1,
+    gpus_per_node: Annotated[int, typer.Option(help="SLURM GPUs per node (0: CPU, --nproc ranks)")] = 0,
+    time_limit: Annotated[str | None, typer.Option("--time", help="SLURM time limit")] = None,
     db: DbOpt = None,
 ) -> None:
     """Train every VARIANT x seed with torchrun, recording runs and metrics in the database."""
     from attnres import launch as L
+    from attnres import scheduler, slurm
     from attnres.tracking.db import get_engine, normalize_url
+    from attnres.variants import canonical
 
-    if nproc < 1:
-        raise AttnresError("--nproc must be at least 1")
+    if nproc < 1 or gpus_per_run < 1:
+        raise AttnresError("--nproc and --gpus-per-run must be at least 1")
+    if backend not in {"local", "slurm"}:
+        raise AttnresError(f"unknown backend '{backend}'; choose local or slurm")
+    rule = None
+    if kill_if_worse_than is not None:
+        if at_step is None or at_step < 1:
+            raise AttnresError("--kill-if-worse-than needs --at-step N (an eval step)")
+        rule = {"baseline": canonical(kill_if_worse_than), "by": by, "at_step": at_step}
+    opts = slurm.SlurmOptions(partition, nodes, gpus_per_node, nproc, time_limit)
+    if backend == "slurm":
+        opts.validate()
     overrides = list(set_ or []) + ([f"steps={steps}"] if steps is not None else [])
     engine = None if dry_run else get_engine(db)
     cells = L.plan(engine, variant, list(seeds or [42]), preset, overrides, data, force)
     for c in cells:
-        state = f"[yellow]skip[/]: {c.skip}" if c.skip else "[green]run[/]"
+        state = f"[yellow]skip[/]: {c.skip}" if c.skip else ("[cyan]resume[/] run " + str(c.run_id)
+                                                            if c.run_id else "[green]run[/]")
         console.print(f"{c.cfg.variant} seed={c.cfg.seed} preset={c.cfg.preset} steps={c.cfg.train.steps} {state}")
         if dry_run and not c.skip:
-            console.print("  " + shlex.join(L.torchrun_command("{run_id}", normalize_url(db), nproc)), soft_wrap=True)
+            cmd = L.torchrun_command(c.run_id or "{run_id}", normalize_url(db), nproc)
+            console.print("  " + shlex.join(cmd), soft_wrap=True, markup=False)
     if dry_run or all(c.skip for c in cells):
         return
+    for name in {c.cfg.data for c in cells if not c.skip}:
+        L.check_data(name)
+    ids = L.enqueue(engine, cells, nproc, rule, backend)
+    if backend == "slurm":
+        for rid, job in slurm.submit(engine, normalize_url(db), ids, opts).items():
+            console.print(f"run {rid}: submitted as SLURM job {job}")
+        return
+    if detach:
+        pid = scheduler.detach(db, ids, nproc, gpus_per_run)
+        console.print(f"queued runs {', '.join(map(str, ids))}; queue running in the background (pid {pid}); "
+                      "follow with `attnres status --watch` or `attnres logs RUN -f`")
+        return
+    _run_with_progress(engine, db, ids, nproc, gpus_per_run)
+
+
+def _run_with_progress(engine: object, db: str | None, ids: list[int], nproc: int, gpus_per_run: int) -> None:
+    from attnres import scheduler
+    from attnres.launch import logs_dir
+    from attnres.tracking import store
+
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as bar:
-        tasks: dict[int, int] = {}
+        tasks = {}
+        for rid in ids:
+            run = store.get_run(engine, rid)
+            tasks[rid] = bar.add_task(f"run {rid} {run.variant} s{run.seed}", total=run.total_steps)
 
-        def on_progress(cell: L.PlannedRun, step: int, total: int) -> None:
-            key = id(cell)
-            if key not in tasks:
-                tasks[key] = bar.add_task(f"run {cell.run_id} {cell.cfg.variant} s{cell.cfg.seed}", total=total)
-            bar.update(tasks[key], completed=step)
+        def tick() -> None:
+            for rid, task in tasks.items():
+                bar.update(task, completed=store.get_run(engine, rid).step)
 
-        results = L.run_foreground(engine, db, cells, nproc, on_progress)
+        results = scheduler.run_queue(engine, db, ids, nproc, gpus_per_run, on_tick=tick)
+        tick()
     for run_id, status in results.items():
         color = "green" if status == "finished" else "red"
-        console.print(f"run {run_id}: [{color}]{status}[/] (log: {L.logs_dir() / f'run-{run_id}.log'})")
+        console.print(f"run {run_id}: [{color}]{status}[/] (log: {logs_dir() / f'run-{run_id}.log'})")
     if any(s != "finished" for s in results.values()):
         raise typer.Exit(1)
 
 
 @app.command()
-def status(db: DbOpt = None) -> None:
-    """Live state of every run (runs whose process died are marked failed first)."""
-    from attnres.launch import reconcile
-    from attnres.listing import status_rows
+def resume(
+    run: Annotated[list[int], typer.Argument(help="run ids to continue from their last checkpoint")],
+    detach: Annotated[bool, typer.Option(help="return at once; the queue runs in the background")] = False,
+    db: DbOpt = None,
+) -> None:
+    """Continue interrupted runs (failed, killed, preempted) from their last checkpoint."""
+    from attnres import scheduler
+    from attnres.tracking import store
+    from attnres.tracking.db import get_engine
+    from attnres.tracking.schema import RESUMABLE
+
+    engine = get_engine(db, create=False)
+    for rid in run:
+        r = store.get_run(engine, rid)
+        if r.status not in RESUMABLE:
+            raise AttnresError(f"run {rid} is {r.status}; only {', '.join(RESUMABLE)} runs can be resumed")
+        store.update_run(engine, rid, status="queued", ended_at=None, exit_code=None)
+    nproc = max(store.get_run(engine, rid).world_size for rid in run)
+    if detach:
+        pid = scheduler.detach(db, run, nproc, 1)
+        console.print(f"resuming runs {', '.join(map(str, run))} in the background (pid {pid})")
+        return
+    _run_with_progress(engine, db, run, nproc, 1)
+
+
+@app.command()
+def kill(
+    run: Annotated[list[int] | None, typer.Argument(help="run ids")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="every queued or running run")] = False,
+    db: DbOpt = None,
+) -> None:
+    """Stop runs now (their process group, or their SLURM job) and mark them killed."""
+    from attnres import scheduler
+    from attnres.tracking import store
     from attnres.tracking.db import get_engine
 
     engine = get_engine(db, create=False)
+    if all_:
+        ids = [r.id for r in store.active_runs(engine)]
+    elif run:
+        ids = [store.get_run(engine, r).id for r in run]
+    else:
+        raise AttnresError("name run ids, or pass --all")
+    done = scheduler.kill(engine, ids)
+    console.print(f"killed {len(done)} run(s){': ' + ', '.join(map(str, done)) if done else ''}")
+
+
+@app.command()
+def logs(
+    run: Annotated[int, typer.Argument(help="run id")],
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing until the run ends")] = False,
+    lines: Annotated[int, typer.Option("-n", help="last lines to show")] = 40,
+    db: DbOpt = None,
+) -> None:
+    """Show a run's log (stdout and stderr of its torchrun job)."""
+    import time
+
+    from attnres.tracking import store
+    from attnres.tracking.db import get_engine
+    from attnres.tracking.schema import ACTIVE
+
+    engine = get_engine(db, create=False)
+    r = store.get_run(engine, run)
+    path = Path(r.log_path) if r.log_path else None
+    if path is None or not path.exists():
+        raise AttnresError(f"run {run} has no log yet")
+    with path.open(errors="replace") as fh:
+        for line in fh.readlines()[-lines:]:
+            console.print(line.rstrip("\n"), markup=False, highlight=False)
+        while follow:
+            line = fh.readline()
+            if line:
+                console.print(line.rstrip("\n"), markup=False, highlight=False)
+                continue
+            if store.get_run(engine, run).status not in ACTIVE:
+                break
+            time.sleep(0.5)
+
+
+@app.command()
+def status(
+    watch: Annotated[bool, typer.Option("--watch", help="live grid view: variants x seeds, until Ctrl-C")] = False,
+    interval: Annotated[float, typer.Option(help="--watch refresh seconds")] = 2.0,
+    db: DbOpt = None,
+) -> None:
+    """Live state of every run (runs whose process died are marked failed first)."""
+    from attnres import slurm
+    from attnres.launch import reconcile
+    from attnres.listing import grid_rows, status_rows
+    from attnres.tracking.db import get_engine
+
+    engine = get_engine(db, create=False)
+    if watch:
+        from rich.live import Live
+
+        def render() -> Table:
+            reconcile(engine)
+            slurm.reconcile(engine)
+            header, rows = grid_rows(engine)
+            table = Table(title="attnres grid (Ctrl-C to leave)")
+            for col in header:
+                table.add_column(col)
+            for row in rows:
+                table.add_row(*row)
+            return table
+
+        try:
+            with Live(render(), console=console, refresh_per_second=4) as live:
+                while True:
+                    time.sleep(interval)
+                    live.update(render())
+        except KeyboardInterrupt:
+            return
     reconcile(engine)
+    slurm.reconcile(engine)
     rows = status_rows(engine)
     if not rows:
         console.print("no runs yet: start one with `attnres launch standard --seeds 42`")
@@ -106,10 +260,10 @@ def status(db: DbOpt = None) -> None:
     for col in rows[0]:
         left = col in {"variant", "status"}
         table.add_column(col, justify="left" if left else "right", no_wrap=left)
-    colors = {"finished": "green", "running": "cyan", "queued": "white"}
+    colors = {"finished": "green", "running": "cyan", "queued": "white", "preempted": "yellow"}
     for row in rows:
         cells = [str(v) for v in row.values()]
-        cells[2] = f"[{colors.get(row['status'], 'red')}]{cells[2]}[/]"
+        cells[2] = f"[{colors.get(row['status'].split()[0], 'red')}]{cells[2]}[/]"
         table.add_row(*cells)
     console.print(table)
 

@@ -14,8 +14,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 SCHEMA_VERSION = 1
 
-STATES = ("queued", "running", "finished", "failed", "killed", "diverged", "stopped")
+STATES = ("queued", "running", "finished", "failed", "killed", "diverged", "stopped", "preempted")
 ACTIVE = ("queued", "running")
+RESUMABLE = ("failed", "killed", "preempted")  # relaunching continues these from their checkpoint
 
 
 class Base(DeclarativeBase):
@@ -47,6 +48,10 @@ class Run(Base):
     stop_step: Mapped[int | None] = mapped_column(Integer, nullable=True)  # diverged/stopped at
     message: Mapped[str | None] = mapped_column(Text, nullable=True)  # why it ended, last log lines
     log_path: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    backend: Mapped[str] = mapped_column(String(16), default="local")  # local | slurm
+    agent_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)  # torchrun's process (group)
+    job_id: Mapped[str | None] = mapped_column(String(64), nullable=True)  # SLURM job id
+    rule_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # early-stop rule, if any
 
 
 class MetricKey(Base):

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 
 import pandas as pd
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import Engine, delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -58,10 +58,11 @@ def mark_started(engine: Engine, run_id: int, world_size: int) -> None:
                pid=os.getpid(), host=socket.gethostname(), world_size=world_size)
 
 
-def finished_with_config(engine: Engine, config_hash: str) -> list[int]:
-    """Ids of finished runs with exactly this config (for skip-unless-forced)."""
+def runs_with_config(engine: Engine, config_hash: str) -> list[tuple[int, str]]:
+    """(id, status) of runs with exactly this config, oldest first (for skip/resume on relaunch)."""
     with Session(engine) as s:
-        return list(s.scalars(select(Run.id).where(Run.config_hash == config_hash, Run.status == "finished")))
+        return [tuple(r) for r in s.execute(select(Run.id, Run.status).where(Run.config_hash == config_hash)
+                                            .order_by(Run.id)).all()]
 
 
 # -- metrics --------------------------------------------------------------------------------------
@@ -106,7 +107,7 @@ def heartbeat(engine: Engine, run_id: int, step: int) -> None:
 RUN_COLUMNS = ["id", "variant", "seed", "preset", "data", "status", "step", "total_steps",
                "created_at", "started_at", "ended_at", "heartbeat_at", "pid", "host",
                "exit_code", "stop_step", "message", "config_hash", "config_json", "world_size",
-               "git_commit", "log_path"]
+               "git_commit", "log_path", "backend", "agent_pid", "job_id", "rule_json"]
 
 
 def runs_frame(engine: Engine, statuses: Sequence[str] | None = None) -> pd.DataFrame:
@@ -151,3 +152,21 @@ def active_runs(engine: Engine) -> list[Run]:
         runs = list(s.scalars(select(Run).where(Run.status.in_(ACTIVE))))
         s.expunge_all()
         return runs
+
+
+def drop_metrics_after(engine: Engine, run_id: int, step: int) -> None:
+    """Delete a run's metrics past ``step`` (a resumed run recomputes them from its checkpoint)."""
+    with engine.begin() as conn:
+        conn.execute(delete(Metric).where(Metric.run_id == run_id, Metric.step > step))
+
+
+def eval_at_step(engine: Engine, variant: str, preset: str, step: int, exclude: int | None = None) -> float | None:
+    """Mean eval loss of a variant's runs (same preset) at ``step``; None if none reached it."""
+    q = (select(func.avg(Metric.value)).join(Run, Run.id == Metric.run_id)
+         .join(MetricKey, MetricKey.id == Metric.key_id)
+         .where(Run.variant == variant, Run.preset == preset, MetricKey.name == "eval_loss", Metric.step == step))
+    if exclude is not None:
+        q = q.where(Run.id != exclude)
+    with engine.connect() as conn:
+        value = conn.execute(q).scalar()
+    return None if value is None else float(value)

@@ -99,9 +99,14 @@ def tail(path: Path, n: int = 20) -> str:
         return ""
 
 
-def settle(engine: Engine, run_id: int, returncode: int, log: Path) -> str:
-    """Record the end of a run whose process exited; returns its final status."""
+def settle(engine: Engine, run_id: int, returncode: int, log: Path, pid: int | None = None) -> str:
+    """Record the end of a run whose process ``pid`` exited; returns its final status.
+
+    A run re-queued meanwhile (a relaunch or resume) belongs to its new process: left alone.
+    """
     run = store.get_run(engine, run_id)
+    if pid is not None and run.agent_pid != pid:
+        return run.status
     if run.status in ACTIVE:
         store.update_run(engine, run_id, status="failed", ended_at=store.now(), exit_code=returncode,
                          message=f"process exited with code {returncode}\n{tail(log)}")
@@ -121,7 +126,7 @@ def enqueue(engine: Engine, cells: list[PlannedRun], nproc: int = 1, rule: dict 
         if cell.run_id is None:
             cell.run_id = store.create_run(engine, cell.cfg, world_size=nproc, git_commit=git_commit())
         log = (logs_dir() / f"run-{cell.run_id}.log").resolve()
-        store.update_run(engine, cell.run_id, status="queued", log_path=str(log), backend=backend,
+        store.update_run(engine, cell.run_id, status="queued", log_path=str(log), backend=backend, agent_pid=None,
                          rule_json=json.dumps(rule) if rule else None, exit_code=None, ended_at=None)
         ids.append(cell.run_id)
     logs_dir().mkdir(parents=True, exist_ok=True)

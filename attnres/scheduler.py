@@ -85,7 +85,7 @@ def run_queue(engine: Engine, db: str | None, run_ids: list[int], nproc: int = 1
             active[rid] = start(engine, url, rid, per_run or nproc, gpus)
         for rid, slot in list(active.items()):
             if slot.proc.poll() is not None:
-                results[rid] = settle(engine, rid, slot.proc.returncode, slot.log)
+                results[rid] = settle(engine, rid, slot.proc.returncode, slot.log, slot.proc.pid)
                 free = sorted(free + slot.gpus)
                 del active[rid]
         if on_tick:

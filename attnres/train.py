@@ -101,7 +101,8 @@ class MetricSink:
         self.engine, self.run_id, self.rows = engine, run_id, []
 
     def add(self, step: int, **values: float) -> None:
-        self.rows += [(step, k, v) for k, v in values.items()]
+        # SQLite cannot hold NaN (it becomes NULL); a non-finite value is recorded by the run's state.
+        self.rows += [(step, k, v) for k, v in values.items() if math.isfinite(v)]
 
     def flush(self, step: int) -> None:
         store.log_metrics(self.engine, self.run_id, self.rows)
@@ -235,11 +236,10 @@ def train(cfg: RunConfig, run_id: int, engine, d: Dist, fresh: bool = False) -> 
         grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), tcfg.grad_clip)
         train_loss = all_mean(loss_sum / tcfg.grad_accum, d)
         done = step + 1
-        if not math.isfinite(train_loss):
+        if not (math.isfinite(train_loss) and math.isfinite(float(grad_norm))):
             if sink:
-                sink.add(done, train_loss=train_loss)
                 sink.flush(done)
-            return "diverged"
+            return "diverged"  # stop before a non-finite update poisons the weights
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         steps_since += 1
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         fields: dict[str, object] = {"status": status, "ended_at": store.now(), "exit_code": 0}
         if status == "diverged":
             run = store.get_run(engine, run_id)
-            fields |= {"stop_step": run.step, "message": "non-finite training loss"}
+            fields |= {"stop_step": run.step, "message": f"non-finite loss or gradient at step {run.step}"}
         if status == "preempted":
             fields |= {"message": "SIGTERM: checkpoint saved; `attnres resume` continues it", "ended_at": None}
         store.update_run(engine, run_id, **fields)

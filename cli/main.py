@@ -153,7 +153,7 @@ def resume(
         r = store.get_run(engine, rid)
         if r.status not in RESUMABLE:
             raise AttnresError(f"run {rid} is {r.status}; only {', '.join(RESUMABLE)} runs can be resumed")
-        store.update_run(engine, rid, status="queued", ended_at=None, exit_code=None)
+        store.update_run(engine, rid, status="queued", ended_at=None, exit_code=None, agent_pid=None)
     nproc = max(store.get_run(engine, rid).world_size for rid in run)
     if detach:
         pid = scheduler.detach(db, run, nproc, 1)
@@ -453,7 +453,8 @@ def expand_multi(argv: list[str]) -> list[str]:
 def main() -> None:
     """Entry point: bad input is one line on stderr and exit code 2, never a traceback."""
     try:
-        app(args=expand_multi(sys.argv[1:]), prog_name="attnres", standalone_mode=False)
+        code = app(args=expand_multi(sys.argv[1:]), prog_name="attnres", standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
     except AttnresError as exc:
         err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)

@@ -44,14 +44,14 @@ def eval_at(runs: pd.DataFrame, evals: pd.DataFrame, step: int) -> pd.DataFrame:
     for run in runs.itertuples(index=False):
         curve = evals[evals["run_id"] == run.id].sort_values("step")
         at = curve[curve["step"] == step]
-        if len(at):
-            rows.append((run.id, run.variant, run.seed, run.status, float(at["value"].iloc[0]), step, ""))
-        elif run.status in EARLY and len(curve):
+        if run.status in EARLY and len(curve):  # marked even when it reached the step
             before = curve[curve["step"] <= step]
             last = before.iloc[-1] if len(before) else curve.iloc[-1]
             ended = int(run.stop_step) if pd.notna(run.stop_step) else int(run.step)
             rows.append((run.id, run.variant, run.seed, run.status, float(last["value"]), int(last["step"]),
                          f"{MARKS[run.status].capitalize()} at step {ended}"))
+        elif len(at):
+            rows.append((run.id, run.variant, run.seed, run.status, float(at["value"].iloc[0]), step, ""))
     return pd.DataFrame(rows, columns=["run_id", "variant", "seed", "status", "eval", "eval_step", "mark"])
 
 

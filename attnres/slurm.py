@@ -58,9 +58,10 @@ def script(run_id: int, db_url: str, opts: SlurmOptions, workdir: Path, log: Pat
         lines.append(f"#SBATCH --time={opts.time}")
     torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={per_node}"]
     cmd = " ".join(shlex.quote(a) for a in torchrun)
-    cmd += ' --nnodes="$SLURM_NNODES" --rdzv_id="$SLURM_JOB_ID" --rdzv_backend=c10d --rdzv_endpoint="$HEAD:29500"'
+    cmd += ' --nnodes="$SLURM_NNODES" --rdzv_id="$SLURM_JOB_ID" --rdzv_backend=c10d --rdzv_endpoint="$HEAD:$PORT"'
     cmd += " -m attnres.train -- --run-id " + str(int(run_id)) + " --db " + shlex.quote(db_url)
     lines += ['HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+              "PORT=$((29500 + SLURM_JOB_ID % 1000))",
               f'echo "attnres run {int(run_id)} job $SLURM_JOB_ID restart ${{SLURM_RESTART_COUNT:-0}} on $HEAD"',
               f"srun --kill-on-bad-exit=1 {cmd}"]
     return "\n".join(lines) + "\n"

@@ -66,7 +66,7 @@ def test_sigkill_of_a_trainer_is_failed_within_30s_and_the_queue_goes_on(workdir
 
 
 def test_resume_after_sigkill_reproduces_the_uninterrupted_losses_exactly(workdir):
-    args = ["--steps", "60", *FAST, "--set", "checkpoint_every=5", "--set", "log_every=1", "--set", "batch_size=8"]
+    args = ["--steps", "60", *FAST, "--set", "checkpoint_every=5", "--set", "log_every=1"]
     attnres("launch", "standard", "--seeds", "11", *args, check=True)
     attnres("launch", "standard", "--seeds", "11", *args, "--force", "--detach", check=True)
     pid = wait_for(lambda: (r := runs(workdir)[1])["status"] == "running" and 12 <= r["step"] < 50 and r["pid"])

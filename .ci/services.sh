@@ -24,7 +24,7 @@ start_pg() {
     runuser -u postgres -- "$bin/initdb" -D "$BASE/pg/data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >&2
   fi
   runuser -u postgres -- "$bin/pg_ctl" -D "$BASE/pg/data" -l "$BASE/pg/log" \
-    -o "-c listen_addresses=127.0.0.1 -p $PGPORT -k $BASE/pg" -w start >&2
+    -o "-c listen_addresses=127.0.0.1 -p $PGPORT -k $BASE/pg" -w start </dev/null >&2
   runuser -u postgres -- "$bin/createdb" -h 127.0.0.1 -p "$PGPORT" -U postgres attnres_test 2>/dev/null || true
 }
 
@@ -61,10 +61,11 @@ NodeName=localhost NodeHostname=$(hostname -s) NodeAddr=127.0.0.1 CPUs=$(nproc) 
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 CONF
   mkdir -p /run/munge && chown munge:munge /run/munge && chmod 0755 /run/munge
-  pgrep -x munged >/dev/null || runuser -u munge -- /usr/sbin/munged
+  # daemons must not hold this script's stdout: the caller reads it through $(...)
+  pgrep -x munged >/dev/null || runuser -u munge -- /usr/sbin/munged </dev/null >/dev/null 2>&1
   export SLURM_CONF=$BASE/slurm/slurm.conf
-  /usr/sbin/slurmctld -f "$SLURM_CONF"
-  /usr/sbin/slurmd -f "$SLURM_CONF" -N localhost
+  /usr/sbin/slurmctld -f "$SLURM_CONF" </dev/null >/dev/null 2>&1
+  /usr/sbin/slurmd -f "$SLURM_CONF" -N localhost </dev/null >/dev/null 2>&1
   for _ in $(seq 50); do sinfo -h -o %t 2>/dev/null | grep -q idle && break; sleep 0.2; done
   sinfo -h -o %t | grep -q idle || { echo "slurm did not come up" >&2; exit 1; }
 }

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from attnres.config import RunConfig
 from attnres.data.prepare import dataset_path, ensure_builtin, read_manifest
@@ -107,6 +108,15 @@ def settle(engine: Engine, run_id: int, returncode: int, log: Path, pid: int | N
     run = store.get_run(engine, run_id)
     if pid is not None and run.agent_pid != pid:
         return run.status
+    spool = store.spool_path(run)
+    if spool.exists() and spool.stat().st_size:
+        from attnres.tracking.writer import ingest_spool
+
+        try:
+            ingest_spool(engine, spool)  # the run's own last word, if it could not reach the db
+        except (AttnresError, SQLAlchemyError):
+            pass
+        run = store.get_run(engine, run_id)
     if run.status in ACTIVE:
         store.update_run(engine, run_id, status="failed", ended_at=store.now(), exit_code=returncode,
                          message=f"process exited with code {returncode}\n{tail(log)}")

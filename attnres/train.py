@@ -16,6 +16,7 @@ import math
 import os
 import resource
 import signal
+import socket
 import sys
 import threading
 import time
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from sqlalchemy.exc import SQLAlchemyError
 from torch.nn.parallel import DistributedDataParallel
 
 from attnres import checkpoint
@@ -35,6 +37,7 @@ from attnres.model import GPT
 from attnres.schedule import lr_at
 from attnres.tracking import store
 from attnres.tracking.db import get_engine
+from attnres.tracking.writer import MetricWriter, ingest_spool
 from attnres.variants import resolve_run
 
 
@@ -94,22 +97,6 @@ def all_mean(value: torch.Tensor, d: Dist) -> float:
     return float(value)
 
 
-class MetricSink:
-    """Buffers rank 0's metric rows and writes them in batches (one transaction per flush)."""
-
-    def __init__(self, engine, run_id: int) -> None:  # noqa: ANN001 - sqlalchemy Engine
-        self.engine, self.run_id, self.rows = engine, run_id, []
-
-    def add(self, step: int, **values: float) -> None:
-        # SQLite cannot hold NaN (it becomes NULL); a non-finite value is recorded by the run's state.
-        self.rows += [(step, k, v) for k, v in values.items() if math.isfinite(v)]
-
-    def flush(self, step: int) -> None:
-        store.log_metrics(self.engine, self.run_id, self.rows)
-        store.heartbeat(self.engine, self.run_id, step)
-        self.rows = []
-
-
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, shards: TokenShards, cfg: RunConfig, d: Dist,
              autocast: Callable[[], AbstractContextManager]) -> float:
@@ -158,34 +145,33 @@ def agree(flags: list[bool], d: Dist) -> list[bool]:
 class Heartbeat(threading.Thread):
     """Refresh the run's heartbeat every few seconds, so a dead run is noticed even between logs."""
 
-    def __init__(self, engine, run_id: int, every: float = 5.0) -> None:  # noqa: ANN001
+    def __init__(self, writer: MetricWriter, every: float = 5.0) -> None:
         super().__init__(daemon=True)
-        self.engine, self.run_id, self.every = engine, run_id, every
+        self.writer, self.every = writer, every
         self.stopped = threading.Event()
 
     def run(self) -> None:
         while not self.stopped.wait(self.every):
-            try:
-                store.update_run(self.engine, self.run_id, heartbeat_at=store.now())
-            except Exception:  # noqa: BLE001, S112 - a missed beat is retried; training goes on
-                continue
+            self.writer.update_run(heartbeat_at=store.now())
 
 
 def worse_than_rule(engine, run_id: int, cfg: RunConfig, step: int, value: float) -> str | None:  # noqa: ANN001
     """The early-stop verdict of the run's rule at ``step``, or None to go on."""
-    rule = store.get_run(engine, run_id).rule_json
-    if not rule:
-        return None
-    r = json.loads(rule)
-    if step != r["at_step"]:
-        return None
-    base = store.eval_at_step(engine, r["baseline"], cfg.preset, step, exclude=run_id)
+    try:
+        rule = store.get_run(engine, run_id).rule_json
+        r = json.loads(rule) if rule else None
+        if r is None or step != r["at_step"]:
+            return None
+        base = store.eval_at_step(engine, r["baseline"], cfg.preset, step, exclude=run_id)
+    except SQLAlchemyError:
+        return None  # the database is away: no verdict, training goes on
     if base is None or value <= base + r["by"]:
         return None
     return f"eval loss {value:.3f} is worse than {r['baseline']}'s {base:.3f} by more than {r['by']} at step {step}"
 
 
-def train(cfg: RunConfig, run_id: int, engine, d: Dist, fresh: bool = False) -> str:  # noqa: ANN001
+def train(cfg: RunConfig, run_id: int, engine, d: Dist, sink: MetricWriter | None,  # noqa: ANN001
+          fresh: bool = False) -> str:
     """Train one run; return its final status (finished, diverged, stopped or preempted)."""
     torch.manual_seed(cfg.seed)
     data = dataset_path(cfg.data)
@@ -207,7 +193,6 @@ def train(cfg: RunConfig, run_id: int, engine, d: Dist, fresh: bool = False) -> 
 
     ckpt = checkpoint.checkpoint_dir(run_id) / "last.pt"
     start = checkpoint.load(ckpt, raw_model, optimizer) if ckpt.exists() and not fresh else 0
-    sink = MetricSink(engine, run_id) if d.main else None
     if sink and start:
         store.drop_metrics_after(engine, run_id, start)  # the resumed run rewrites what follows
     preemption = Preemption()
@@ -217,7 +202,6 @@ def train(cfg: RunConfig, run_id: int, engine, d: Dist, fresh: bool = False) -> 
         ev = evaluate(model, eval_shards, cfg, d, autocast)
         if sink:
             sink.add(0, eval_loss=ev)
-            sink.flush(0)
     t_last, steps_since = time.perf_counter(), 0
     for step in range(start, tcfg.steps):
         lr = lr_at(step, tcfg)
@@ -238,7 +222,7 @@ def train(cfg: RunConfig, run_id: int, engine, d: Dist, fresh: bool = False) -> 
         done = step + 1
         if not (math.isfinite(train_loss) and math.isfinite(float(grad_norm))):
             if sink:
-                sink.flush(done)
+                sink.update_run(step=done)
             return "diverged"  # stop before a non-finite update poisons the weights
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -264,12 +248,12 @@ def train(cfg: RunConfig, run_id: int, engine, d: Dist, fresh: bool = False) -> 
             if d.main:
                 checkpoint.save(ckpt, raw_model, optimizer, done)
         if sink and (done % tcfg.log_every == 0 or last or done % tcfg.eval_every == 0 or preempted or stop):
-            sink.flush(done)
+            sink.update_run(step=done, heartbeat_at=store.now())
         if preempted:
             return "preempted"
         if stop:
-            if verdict:
-                store.update_run(engine, run_id, message=verdict, stop_step=done)
+            if sink and verdict:
+                sink.update_run(message=verdict, stop_step=done)
             return "stopped"
     return "finished"
 
@@ -288,30 +272,42 @@ def main(argv: list[str] | None = None) -> int:
             box = [run_id]
             dist.broadcast_object_list(box)
             run_id = box[0]
-    beat = Heartbeat(engine, run_id) if d.main else None
+    writer = None
+    if d.main:
+        run = store.get_run(engine, run_id)
+        writer = MetricWriter(engine, run_id, store.spool_path(run))
+        if writer.spool.exists() and writer.spool.stat().st_size:
+            ingest_spool(engine, writer.spool)  # what an earlier attempt could not write
+        writer.update_run(**store.run_fields(engine, run_id))  # in the spool, should the db be lost
+        writer.update_run(status="running", started_at=store.now(), heartbeat_at=store.now(),
+                          pid=os.getpid(), host=socket.gethostname(), world_size=d.world)
+    beat = Heartbeat(writer) if writer else None
     if beat:
-        store.mark_started(engine, run_id, d.world)
         beat.start()
     try:
-        status = train(cfg, run_id, engine, d, fresh=args.fresh)
+        status = train(cfg, run_id, engine, d, writer, fresh=args.fresh)
     except BaseException as exc:
-        if beat:
+        if beat and writer:
             beat.stopped.set()
-            store.update_run(engine, run_id, status="failed", ended_at=store.now(), exit_code=1,
-                             message=f"{type(exc).__name__}: {exc}"[:2000])
+            writer.update_run(status="failed", ended_at=store.now(), exit_code=1,
+                              message=f"{type(exc).__name__}: {exc}"[:2000])
+            writer.close()
         raise
     finally:
         if d.world > 1 and dist.is_initialized():
             dist.destroy_process_group()
-    if beat:
+    if beat and writer:
         beat.stopped.set()
         fields: dict[str, object] = {"status": status, "ended_at": store.now(), "exit_code": 0}
         if status == "diverged":
-            run = store.get_run(engine, run_id)
-            fields |= {"stop_step": run.step, "message": f"non-finite loss or gradient at step {run.step}"}
+            step = writer.state.get("step") or store.get_run(engine, run_id).step
+            fields |= {"stop_step": step, "message": f"non-finite loss or gradient at step {step}"}
         if status == "preempted":
             fields |= {"message": "SIGTERM: checkpoint saved; `attnres resume` continues it", "ended_at": None}
-        store.update_run(engine, run_id, **fields)
+        writer.update_run(**fields)
+        if not writer.close():
+            print(f"attnres: the database is unreachable; run {run_id}'s metrics and state are in "
+                  f"{writer.spool}: `attnres sync` writes them once it is back", flush=True)
     return 0
 
 

@@ -380,6 +380,27 @@ def bench(
     console.print(table)
 
 
+@app.command()
+def sync(
+    spool: Annotated[list[Path] | None, typer.Argument(help="spool files (default: logs/*.spool.jsonl)")] = None,
+    db: DbOpt = None,
+) -> None:
+    """Write spooled metrics and run states (left when the database was unreachable) into the database."""
+    from attnres.launch import logs_dir
+    from attnres.tracking.db import get_engine
+    from attnres.tracking.writer import ingest_spool
+
+    files = spool or sorted(p for p in logs_dir().glob("*.spool.jsonl") if p.stat().st_size)
+    engine = get_engine(db)
+    total = {"rows": 0, "runs": 0}
+    for path in files:
+        got = ingest_spool(engine, path)
+        total = {k: total[k] + got[k] for k in total}
+        extra = f", {got['runs']} run(s) recreated" if got["runs"] else ""
+        console.print(f"{path}: {got['rows']:,} metric rows{extra}")
+    console.print(f"synced {len(files)} spool file(s): {total['rows']:,} rows")
+
+
 @data_app.command("prepare")
 def data_prepare(
     source: Annotated[str, typer.Option(help="builtin | files | fineweb-edu")] = "builtin",
@@ -471,8 +492,9 @@ def main() -> None:
         import click
 
         if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
+            hint = f" (see `attnres {exc.ctx.info_name} --help`)" if getattr(exc, "ctx", None) else ""
+            err.print(f"error: {exc.format_message()}{hint}", markup=False, highlight=False, soft_wrap=True)
+            sys.exit(2)
         raise
 
 

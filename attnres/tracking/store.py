@@ -10,6 +10,7 @@ import os
 import socket
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pandas as pd
 from sqlalchemy import Engine, delete, func, select, update
@@ -170,3 +171,26 @@ def eval_at_step(engine: Engine, variant: str, preset: str, step: int, exclude: 
     with engine.connect() as conn:
         value = conn.execute(q).scalar()
     return None if value is None else float(value)
+
+
+TIME_FIELDS = ("created_at", "started_at", "ended_at", "heartbeat_at")
+
+
+def parse_times(fields: dict[str, object]) -> dict[str, object]:
+    """Turn ISO strings of a run's time columns (as spooled in JSON) back into datetimes."""
+    return {k: (datetime.fromisoformat(v) if k in TIME_FIELDS and isinstance(v, str) else v)
+            for k, v in fields.items()}
+
+
+def run_fields(engine: Engine, run_id: int) -> dict[str, object]:
+    """A run row as a plain dict (spooled at start, so a lost database can be rebuilt)."""
+    run = get_run(engine, run_id)
+    return {c.name: getattr(run, c.name) for c in Run.__table__.columns if c.name != "id"}
+
+
+def spool_path(run: Run) -> Path:
+    """Where a run's spool lives: beside its log."""
+    from attnres.launch import logs_dir
+
+    base = Path(run.log_path) if run.log_path else logs_dir() / f"run-{run.id}.log"
+    return base.with_suffix(".spool.jsonl")

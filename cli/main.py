@@ -20,6 +20,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Launch, track and report AttnRes (attention over depth) experiments.")
 data_app = typer.Typer(no_args_is_help=True, help="Prepare tokenized datasets.")
 app.add_typer(data_app, name="data")
+db_app = typer.Typer(no_args_is_help=True, help="Manage the tracking database.")
+app.add_typer(db_app, name="db")
 console = Console()
 err = Console(stderr=True)
 
@@ -399,6 +401,15 @@ def sync(
         extra = f", {got['runs']} run(s) recreated" if got["runs"] else ""
         console.print(f"{path}: {got['rows']:,} metric rows{extra}")
     console.print(f"synced {len(files)} spool file(s): {total['rows']:,} rows")
+
+
+@db_app.command("upgrade")
+def db_upgrade(db: DbOpt = None) -> None:
+    """Migrate the database to this attnres's schema in place (Alembic), keeping every run."""
+    from attnres.tracking.db import upgrade
+
+    before, after = upgrade(db)
+    console.print(f"database schema: {before or 'empty'} -> {after}")
 
 
 @data_app.command("prepare")

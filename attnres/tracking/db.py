@@ -6,12 +6,13 @@ import os
 from functools import cache
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event, inspect, select
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
-from sqlalchemy.orm import Session
 
 from attnres.errors import AttnresError
-from attnres.tracking.schema import SCHEMA_VERSION, Base, Meta
+from attnres.tracking.schema import Base
 
 DEFAULT_DB = "runs.db"
 
@@ -76,20 +77,61 @@ def get_engine(db: str | None = None, create: bool = True) -> Engine:
     return engine
 
 
+HEAD = "0002"  # the newest Alembic revision under migrations/versions
+
+
+def _alembic(conn: Connection) -> AlembicConfig:
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+    cfg.attributes["connection"] = conn
+    return cfg
+
+
+def revision(engine: Engine) -> str | None:
+    """The database's schema revision: Alembic's, "0001" for a pre-Alembic attnres file, None if empty."""
+    tables = set(inspect(engine).get_table_names())
+    if "alembic_version" in tables:
+        with engine.connect() as conn:
+            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    return "0001" if "runs" in tables else None
+
+
 def _check_schema(engine: Engine, create: bool) -> None:
     tables = set(inspect(engine).get_table_names())
-    if tables and "runs" in tables and "meta" in tables:
-        with Session(engine) as s:
-            row = s.scalar(select(Meta.value).where(Meta.key == "schema_version"))
-        if row is not None and int(row) > SCHEMA_VERSION:
-            raise AttnresError(f"database schema v{row} is newer than this attnres (v{SCHEMA_VERSION}); "
-                               "upgrade attnres")
-        return
     if tables and "runs" not in tables:
         raise AttnresError("database has tables but is not an attnres database; pass another --db")
-    if not create:
+    rev = revision(engine)
+    if rev is None:
+        if create:
+            Base.metadata.create_all(engine)
+            with engine.begin() as conn:
+                command.stamp(_alembic(conn), HEAD)
         return
-    Base.metadata.create_all(engine)
-    with Session(engine) as s:
-        s.merge(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
-        s.commit()
+    if rev == HEAD:
+        return
+    if rev.isdigit() and int(rev) < int(HEAD):
+        raise AttnresError(f"database schema is older (revision {rev}, this attnres uses {HEAD}); "
+                           "back it up, then run `attnres db upgrade`")
+    raise AttnresError(f"database schema revision {rev} is newer than this attnres ({HEAD}); upgrade attnres")
+
+
+def upgrade(db: str | None) -> tuple[str | None, str]:
+    """Migrate a database to the newest schema in place, keeping its runs; returns (from, to)."""
+    url = normalize_url(db)
+    engine = create_engine(url)
+    if url.startswith("sqlite"):
+        event.listen(engine, "connect", _sqlite_pragmas)
+    try:
+        before = revision(engine)
+        with engine.begin() as conn:
+            cfg = _alembic(conn)
+            if before == "0001" and "alembic_version" not in inspect(conn).get_table_names():
+                command.stamp(cfg, "0001")
+            command.upgrade(cfg, "head")
+    except (DatabaseError, OperationalError) as exc:
+        msg = str(exc.orig).splitlines()[0]
+        raise AttnresError(f"cannot upgrade database '{db or default_url()}': {msg}") from None
+    finally:
+        engine.dispose()
+    get_engine.cache_clear()
+    return before, HEAD

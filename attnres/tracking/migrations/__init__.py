@@ -1,0 +1,1 @@
+"""Alembic migrations of the tracking database (run by `attnres db upgrade`)."""

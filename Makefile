@@ -35,7 +35,7 @@ lint: install
 	$(BIN)/ruff check .
 
 test: install lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 clean:
 	rm -rf $(VENV) runs.db runs.db-* data logs checkpoints reports/*.png attnres-results.md

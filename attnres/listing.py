@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
-import torch
 from sqlalchemy import Engine
 
-from attnres.model import GPT
 from attnres.tracking import store
 from attnres.variants import ALIASES, VARIANTS, resolve_run
+
+if TYPE_CHECKING:
+    from attnres.model import GPT
 
 
 def depth_sources(model: GPT) -> list[int]:
     """Sources each site attends to, found by running the real forward on the meta device."""
+    import torch
+
     residual = model.residual
     if not hasattr(residual, "record"):
         return []
@@ -26,6 +31,10 @@ def depth_sources(model: GPT) -> list[int]:
 
 def variant_rows(preset: str | None) -> list[dict[str, object]]:
     """Name, description, depth sources (min-max over sites) and extra parameters per variant."""
+    import torch
+
+    from attnres.model import GPT
+
     aliases = {v: [a for a, t in ALIASES.items() if t == v] for v in VARIANTS}
     rows = []
     for name, v in VARIANTS.items():

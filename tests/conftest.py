@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, text
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_TIKTOKEN = ROOT.parent / "shared" / "tiktoken"
@@ -49,3 +51,18 @@ def attnres(*args: str, check: bool = False, timeout: float = 600) -> subprocess
     if check and proc.returncode != 0:
         raise AssertionError(f"attnres {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+@pytest.fixture
+def pg_url():
+    PG = os.environ.get("ATTNRES_TEST_PG_URL")
+    if not PG:
+        pytest.skip("PostgreSQL not started (.ci/services.sh start sets ATTNRES_TEST_PG_URL)")
+    name = f"attnres_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(PG, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    yield PG.rsplit("/", 1)[0] + "/" + name
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()

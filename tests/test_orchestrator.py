@@ -66,14 +66,14 @@ def test_sigkill_of_a_trainer_is_failed_within_30s_and_the_queue_goes_on(workdir
 
 
 def test_resume_after_sigkill_reproduces_the_uninterrupted_losses_exactly(workdir):
-    args = ["--steps", "60", *FAST, "--set", "checkpoint_every=5", "--set", "log_every=1"]
+    args = ["--steps", "36", *FAST, "--set", "checkpoint_every=4", "--set", "log_every=1"]
     attnres("launch", "standard", "--seeds", "11", *args, check=True)
     attnres("launch", "standard", "--seeds", "11", *args, "--force", "--detach", check=True)
-    pid = wait_for(lambda: (r := runs(workdir)[1])["status"] == "running" and 12 <= r["step"] < 50 and r["pid"])
+    pid = wait_for(lambda: (r := runs(workdir)[1])["status"] == "running" and 6 <= r["step"] < 30 and r["pid"])
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: runs(workdir)[1]["status"] == "failed")
     interrupted_at = runs(workdir)[1]["step"]
-    assert interrupted_at < 60
+    assert interrupted_at < 36
     out = attnres("resume", "2", check=True).stdout
     assert "run 2: finished" in out
     for key in ("train_loss", "eval_loss"):
@@ -99,7 +99,7 @@ def test_sigterm_preempts_with_a_checkpoint_and_relaunching_the_grid_resumes(wor
 def test_early_stop_rule_stops_a_run_worse_than_the_baseline(workdir):
     attnres("launch", "standard", "--seeds", "1", "--steps", "10", *FAST, check=True)
     # a learning rate of ~0 keeps full_attnres at its initial loss, far worse than standard at step 10
-    proc = attnres("launch", "full_attnres", "--seeds", "1", "--steps", "20", *FAST, "--set", "lr=1e-9",
+    proc = attnres("launch", "full_attnres", "--seeds", "1", "--steps", "12", *FAST, "--set", "lr=1e-9",
                    "--kill-if-worse-than", "standard", "--by", "0.1", "--at-step", "10")
     assert proc.returncode == 1 and "run 2: stopped" in proc.stdout
     r = runs(workdir)[1]

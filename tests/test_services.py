@@ -5,11 +5,9 @@ from __future__ import annotations
 import os
 import sqlite3
 import subprocess
-import uuid
 
 import pytest
 from conftest import FAST, attnres
-from sqlalchemy import create_engine, text
 from test_orchestrator import runs, wait_for
 
 from attnres.tracking import store
@@ -17,20 +15,6 @@ from attnres.tracking.db import get_engine
 
 PG = os.environ.get("ATTNRES_TEST_PG_URL")
 SLURM = os.environ.get("ATTNRES_TEST_SLURM") == "1"
-
-
-@pytest.fixture
-def pg_url():
-    if not PG:
-        pytest.skip("PostgreSQL not started (.ci/services.sh start sets ATTNRES_TEST_PG_URL)")
-    name = f"attnres_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(PG, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    yield PG.rsplit("/", 1)[0] + "/" + name
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
 
 
 def test_postgres_holds_a_runs_metrics(workdir, pg_url):

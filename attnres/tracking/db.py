@@ -39,12 +39,16 @@ def normalize_url(db: str | None) -> str:
     return url.render_as_string(hide_password=False)
 
 
+def busy_timeout_s() -> float:
+    """How long a SQLite writer waits for a lock before 'database is locked' ($ATTNRES_DB_BUSY_TIMEOUT)."""
+    return float(os.environ.get("ATTNRES_DB_BUSY_TIMEOUT", "60"))
+
+
 def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 - DB-API connection
-    # WAL lets readers (status, reports) run beside writers; NORMAL is durable at checkpoints
-    # and 10x faster than FULL; a long busy timeout turns lock contention into waiting.
+    # NORMAL is durable at WAL checkpoints and 10x faster than FULL; a long busy timeout turns lock
+    # contention into waiting. WAL itself is persistent: set once the schema is known to be ours.
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA busy_timeout=60000")
-    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_s() * 1000)}")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
@@ -62,7 +66,7 @@ def get_engine(db: str | None = None, create: bool = True) -> Engine:
         path = Path(url.split("///", 1)[1])
         if not path.exists():
             raise AttnresError(f"no database at '{path}': launch a run first, or pass --db")
-    kwargs = {"connect_args": {"timeout": 60}} if is_sqlite else {"pool_pre_ping": True}
+    kwargs = {"connect_args": {"timeout": busy_timeout_s()}} if is_sqlite else {"pool_pre_ping": True}
     try:
         engine = create_engine(url, **kwargs)
     except (ArgumentError, ImportError) as exc:
@@ -87,6 +91,14 @@ def _alembic(conn: Connection) -> AlembicConfig:
     return cfg
 
 
+def _wal(engine: Engine) -> None:
+    """WAL lets readers (status, reports) run beside writers; it is a property of the file."""
+    if engine.dialect.name == "sqlite":
+        with engine.connect() as conn:
+            if conn.exec_driver_sql("PRAGMA journal_mode").scalar() != "wal":
+                conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+
+
 def revision(engine: Engine) -> str | None:
     """The database's schema revision: Alembic's, "0001" for a pre-Alembic attnres file, None if empty."""
     tables = set(inspect(engine).get_table_names())
@@ -106,8 +118,10 @@ def _check_schema(engine: Engine, create: bool) -> None:
             Base.metadata.create_all(engine)
             with engine.begin() as conn:
                 command.stamp(_alembic(conn), HEAD)
+            _wal(engine)
         return
     if rev == HEAD:
+        _wal(engine)
         return
     if rev.isdigit() and int(rev) < int(HEAD):
         raise AttnresError(f"database schema is older (revision {rev}, this attnres uses {HEAD}); "
@@ -128,6 +142,7 @@ def upgrade(db: str | None) -> tuple[str | None, str]:
             if before == "0001" and "alembic_version" not in inspect(conn).get_table_names():
                 command.stamp(cfg, "0001")
             command.upgrade(cfg, "head")
+        _wal(engine)
     except (DatabaseError, OperationalError) as exc:
         msg = str(exc.orig).splitlines()[0]
         raise AttnresError(f"cannot upgrade database '{db or default_url()}': {msg}") from None

@@ -40,6 +40,7 @@ class MetricWriter:
         self.lock = threading.Lock()
         self.pending: list[tuple[int, str, float]] = []
         self.state: dict[str, object] = {}
+        self.snapshot: dict[str, object] = {}  # the whole run row, kept at the spool's head
         self.spool_ok = True
         self.failures = 0
         self.wake = threading.Event()
@@ -76,6 +77,8 @@ class MetricWriter:
         with self.lock:
             self._append({"run": self.run_id, "fields": fields})
             self.state.update(fields)
+            if "config_json" in fields or self.snapshot:
+                self.snapshot.update(fields)
 
     def flush(self, timeout: float = 60.0) -> bool:
         """Write everything now; True if the database holds it all."""
@@ -128,8 +131,10 @@ class MetricWriter:
         with self.lock:
             self.failures = 0
             if not self.pending and not self.state and self.spool_ok and self._fh is not None:
-                self._fh.truncate(0)  # all of it is in the database now
+                self._fh.truncate(0)  # all of it is in the database now ...
                 self._fh.seek(0)
+                if self.snapshot:  # ... but keep what rebuilds the run should the database be lost
+                    self._append({"run": self.run_id, "fields": self.snapshot})
 
 
 def ingest_spool(engine: Engine, spool: Path, truncate: bool = True) -> dict[str, int]:

@@ -1,0 +1,181 @@
+"""Fault injection: after each fault, every metric produced before it is in the database or its spool."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+from alembic import command
+from conftest import FAST, attnres
+from test_orchestrator import runs, wait_for
+
+from attnres.tracking.db import _alembic
+from attnres.tracking.store import metrics_frame
+
+PG = os.environ.get("ATTNRES_TEST_PG_URL")
+
+
+def train_steps(db, run_id=1) -> list[int]:
+    with sqlite3.connect(db) as conn:
+        try:
+            return [s for (s,) in conn.execute(
+                "select m.step from metrics m join metric_keys k on k.id = m.key_id "
+                "where k.name = 'train_loss' and m.run_id = ? order by m.step", (run_id,))]
+        except sqlite3.OperationalError:  # the schema is not there yet
+            return []
+
+
+WRITER = textwrap.dedent("""
+    import sys
+    from attnres.config import RunConfig
+    from attnres.tracking import store
+    from attnres.tracking.db import get_engine
+    from attnres.tracking.writer import MetricWriter
+    from attnres.variants import resolve_run
+    url, n, spool = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    engine = get_engine(url)
+    run_id = store.create_run(engine, resolve_run("standard", "tiny", n))
+    writer = MetricWriter(engine, run_id, spool, interval=0.05)
+    for step in range(5000):
+        writer.add(step, a=step * 1.0, b=1.0, c=2.0, d=3.0)
+    print("clean" if writer.close(timeout=300) else "spooled")
+""")
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_eight_concurrent_writers_lose_no_row(workdir, backend, request):
+    if backend == "postgresql":
+        if not PG:
+            pytest.skip("PostgreSQL not started (.ci/services.sh start sets ATTNRES_TEST_PG_URL)")
+        url = request.getfixturevalue("pg_url")
+    else:
+        url = str(workdir / "runs.db")
+    from attnres.tracking.db import get_engine
+
+    get_engine(url)  # schema in place before the writers race
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, url, str(i), str(workdir / f"w{i}.spool")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(8)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert [o.strip() for o, _ in outs] == ["clean"] * 8
+    assert not any("locked" in e or "failed" in e for _, e in outs)
+    frame = metrics_frame(get_engine(url), ["a", "b", "c", "d"])
+    assert len(frame) == 8 * 5000 * 4
+    assert all(os.path.getsize(workdir / f"w{i}.spool") == 0 for i in range(8))
+
+
+def test_sigkill_of_the_trainer_mid_write_loses_no_row(workdir):
+    attnres("launch", "standard", "--seeds", "1", "--steps", "400", *FAST, "--set", "log_every=1", "--detach",
+            check=True)
+    pid = wait_for(lambda: (r := runs(workdir)[0])["status"] == "running" and r["step"] >= 7 and r["pid"])
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: runs(workdir)[0]["status"] == "failed", timeout=30)
+    steps = train_steps(workdir / "runs.db")
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 7  # every step up to the kill, no gap
+
+
+def test_database_deleted_mid_run_spools_and_sync_rebuilds_it(workdir):
+    db = workdir / "runs.db"
+    trainer = subprocess.Popen([sys.executable, "-m", "attnres.train", "--variant", "standard", "--seed", "1",
+                                "--db", str(db), "--set", "steps=40", "--set", "batch_size=4", "--set", "log_every=1",
+                                "--set", "eval_every=10", "--set", "eval_batches=2"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: db.exists() and len(train_steps(db)) >= 3)
+    trainer.send_signal(signal.SIGSTOP)  # freeze it to see exactly what the lost file held
+    in_lost_file = train_steps(db)
+    for suffix in ("", "-wal", "-shm"):
+        (workdir / f"runs.db{suffix}").unlink(missing_ok=True)
+    trainer.send_signal(signal.SIGCONT)
+    out, err = trainer.communicate(timeout=300)
+    assert trainer.returncode == 0, err  # training went on without its database
+    assert "attnres sync" in out and "database write failed" in err
+    assert not db.exists() or train_steps(db) == []  # nothing was written to a new empty file
+    synced = attnres("sync", "--db", str(workdir / "rebuilt.db"), check=True).stdout
+    assert "1 run(s) recreated" in synced
+    rebuilt = train_steps(workdir / "rebuilt.db")
+    assert rebuilt[-1] == 40 and sorted(set(in_lost_file) | set(rebuilt)) == list(range(1, 41))
+    with sqlite3.connect(workdir / "rebuilt.db") as conn:
+        assert conn.execute("select status, step from runs").fetchone() == ("finished", 40)
+
+
+def test_disk_full_on_the_spool_does_not_stop_training(workdir):
+    (workdir / "logs").mkdir()
+    os.symlink("/dev/full", workdir / "logs" / "run-1.spool.jsonl")  # every write: ENOSPC
+    out = attnres("launch", "standard", "--seeds", "1", "--steps", "12", *FAST, "--set", "log_every=1", check=True)
+    assert "run 1: finished" in out.stdout
+    assert "cannot write spool" in (workdir / "logs" / "run-1.log").read_text()
+    assert train_steps(workdir / "runs.db") == list(range(1, 13))
+
+
+def test_rank_failure_fails_the_run_and_keeps_its_rows(workdir):
+    attnres("launch", "standard", "--seeds", "1", "--nproc", "2", "--steps", "400", *FAST, "--set", "log_every=1",
+            "--detach", check=True)
+    run = wait_for(lambda: (r := runs(workdir)[0])["status"] == "running" and r["step"] >= 4 and r)
+    workers = psutil.Process(run["agent_pid"]).children()
+    rank1 = next(p for p in workers if p.pid != run["pid"])
+    rank1.kill()
+    wait_for(lambda: runs(workdir)[0]["status"] == "failed", timeout=60)
+    r = runs(workdir)[0]
+    assert r["exit_code"] != 0
+    steps = train_steps(workdir / "runs.db")
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 4
+
+
+def sha(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_corrupt_database_is_one_line_and_never_overwritten(workdir):
+    db = workdir / "runs.db"
+    db.write_bytes(b"this is not a database" * 100)
+    before = sha(db)
+    for args in (["status"], ["report", "--out", "r.md"], ["launch", "standard", "--seeds", "1"]):
+        proc = attnres(*args)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "not a database" in proc.stderr
+    assert sha(db) == before
+
+
+def test_locked_database_is_one_line(workdir, monkeypatch):
+    db = workdir / "runs.db"
+    from attnres.tracking.db import get_engine
+
+    get_engine(str(db)).dispose()  # schema in place, no connection left open here
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")
+    monkeypatch.setenv("ATTNRES_DB_BUSY_TIMEOUT", "1")
+    proc = attnres("launch", "standard", "--seeds", "1", "--steps", "2", *FAST)
+    holder.execute("ROLLBACK")
+    holder.close()
+    assert proc.returncode == 2 and "locked" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_older_schema_is_refused_then_upgraded_keeping_its_runs(workdir):
+    from sqlalchemy import create_engine
+
+    db = workdir / "runs.db"
+    engine = create_engine(f"sqlite:///{db}")
+    with engine.begin() as conn:
+        command.upgrade(_alembic(conn), "0001")
+        conn.exec_driver_sql(
+            "insert into runs (variant, seed, preset, data, config_json, config_hash, status, total_steps, step, "
+            "created_at, world_size) values ('standard', 7, 'tiny', 'builtin', '{}', 'x', 'finished', 10, 10, "
+            "'2026-01-01 00:00:00', 1)")
+    engine.dispose()
+    before = sha(db)
+    proc = attnres("status")
+    assert proc.returncode == 2 and "older" in proc.stderr and "attnres db upgrade" in proc.stderr
+    assert sha(db) == before
+    shutil.copy(db, workdir / "backup.db")
+    assert "0001 -> 0002" in attnres("db", "upgrade", check=True).stdout
+    status = attnres("status", check=True).stdout
+    assert "standard" in status and "finished" in status

@@ -68,6 +68,7 @@ def test_eight_concurrent_writers_lose_no_row(workdir, backend, request):
     assert [o.strip() for o, _ in outs] == ["clean"] * 8
     assert not any("locked" in e or "failed" in e for _, e in outs)
     frame = metrics_frame(get_engine(url), ["a", "b", "c", "d"])
+    print(f"FAULT-TABLE 8 writers {backend}: expected {8 * 5000 * 4} found {len(frame)}")
     assert len(frame) == 8 * 5000 * 4
     assert all(os.path.getsize(workdir / f"w{i}.spool") == 0 for i in range(8))
 
@@ -79,6 +80,7 @@ def test_sigkill_of_the_trainer_mid_write_loses_no_row(workdir):
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: runs(workdir)[0]["status"] == "failed", timeout=30)
     steps = train_steps(workdir / "runs.db")
+    print(f"FAULT-TABLE sigkill trainer: last step {max(steps)} expected {max(steps)} found {len(steps)}")
     assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 7  # every step up to the kill, no gap
 
 
@@ -101,6 +103,8 @@ def test_database_deleted_mid_run_spools_and_sync_rebuilds_it(workdir):
     synced = attnres("sync", "--db", str(workdir / "rebuilt.db"), check=True).stdout
     assert "1 run(s) recreated" in synced
     rebuilt = train_steps(workdir / "rebuilt.db")
+    print(f"FAULT-TABLE db deleted: expected 40 found {len(set(in_lost_file) | set(rebuilt))} "
+          f"({len(in_lost_file)} in the deleted file, {len(rebuilt)} rebuilt from the spool)")
     assert rebuilt[-1] == 40 and sorted(set(in_lost_file) | set(rebuilt)) == list(range(1, 41))
     with sqlite3.connect(workdir / "rebuilt.db") as conn:
         assert conn.execute("select status, step from runs").fetchone() == ("finished", 40)
@@ -112,6 +116,7 @@ def test_disk_full_on_the_spool_does_not_stop_training(workdir):
     out = attnres("launch", "standard", "--seeds", "1", "--steps", "12", *FAST, "--set", "log_every=1", check=True)
     assert "run 1: finished" in out.stdout
     assert "cannot write spool" in (workdir / "logs" / "run-1.log").read_text()
+    print(f"FAULT-TABLE disk full spool: expected 12 found {len(train_steps(workdir / 'runs.db'))}")
     assert train_steps(workdir / "runs.db") == list(range(1, 13))
 
 
@@ -126,6 +131,8 @@ def test_rank_failure_fails_the_run_and_keeps_its_rows(workdir):
     r = runs(workdir)[0]
     assert r["exit_code"] != 0
     steps = train_steps(workdir / "runs.db")
+    print(f"FAULT-TABLE rank failure: status {r['status']} exit {r['exit_code']} expected {max(steps)} "
+          f"found {len(steps)}")
     assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 4
 
 
@@ -179,3 +186,60 @@ def test_older_schema_is_refused_then_upgraded_keeping_its_runs(workdir):
     assert "0001 -> 0002" in attnres("db", "upgrade", check=True).stdout
     status = attnres("status", check=True).stdout
     assert "standard" in status and "finished" in status
+
+
+def immutable(paths, on: bool) -> None:
+    """Make files read-only even for root (chattr), as a read-only mount or volume would."""
+    for p in paths:
+        if p.exists():
+            subprocess.run(["chattr", "+i" if on else "-i", str(p)], check=True, capture_output=True)
+
+
+@pytest.fixture
+def chattr_works(tmp_path):
+    probe = tmp_path / "probe"
+    probe.write_text("x")
+    if subprocess.run(["chattr", "+i", str(probe)], capture_output=True).returncode != 0:
+        pytest.skip("this filesystem cannot make files immutable (chattr +i)")
+    immutable([probe], False)
+
+
+def test_read_only_database_at_launch_is_one_line_and_unchanged(workdir, chattr_works):
+    from attnres.tracking.db import get_engine
+
+    db = workdir / "runs.db"
+    get_engine(str(db)).dispose()
+    files = [db, workdir / "runs.db-wal", workdir / "runs.db-shm"]
+    before = sha(db)
+    immutable(files, True)
+    try:
+        proc = attnres("launch", "standard", "--seeds", "1", "--steps", "2", *FAST)
+    finally:
+        immutable(files, False)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "readonly" in proc.stderr.replace("read-only", "readonly")
+    assert sha(db) == before
+
+
+def test_database_made_read_only_mid_run_spools_then_sync_completes(workdir, chattr_works):
+    db = workdir / "runs.db"
+    trainer = subprocess.Popen([sys.executable, "-m", "attnres.train", "--variant", "standard", "--seed", "1",
+                                "--db", str(db), "--set", "steps=30", "--set", "batch_size=4", "--set", "log_every=1",
+                                "--set", "eval_every=10", "--set", "eval_batches=2"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    files = [db, workdir / "runs.db-wal", workdir / "runs.db-shm"]
+    try:
+        wait_for(lambda: db.exists() and len(train_steps(db)) >= 3)
+        trainer.send_signal(signal.SIGSTOP)
+        immutable(files, True)
+        trainer.send_signal(signal.SIGCONT)
+        out, err = trainer.communicate(timeout=300)
+    finally:
+        immutable(files, False)
+    assert trainer.returncode == 0, err
+    assert "database write failed" in err and "attnres sync" in out
+    attnres("sync", check=True)
+    print(f"FAULT-TABLE read-only mid-run: expected 30 found {len(train_steps(db))}")
+    assert train_steps(db) == list(range(1, 31))
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("select status from runs").fetchone() == ("finished",)

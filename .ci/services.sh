@@ -79,6 +79,7 @@ stop() {
     [ -f "$BASE/slurm/run/$p.pid" ] && kill "$(cat "$BASE/slurm/run/$p.pid")" 2>/dev/null || true
   done
   [ -f /run/munge/munged.pid ] && kill "$(cat /run/munge/munged.pid)" 2>/dev/null || true
+  pkill -f "$BASE/slurm/slurm.conf" 2>/dev/null || true  # daemons whose pid files are gone
   rm -rf "$BASE"
 }
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 from sqlalchemy import Engine
 
 from attnres.errors import AttnresError
@@ -119,13 +120,29 @@ def kill(engine: Engine, run_ids: list[int]) -> list[int]:
         store.update_run(engine, rid, status="killed", ended_at=store.now(), message="killed by attnres kill")
         if run.backend == "slurm" and run.job_id:
             slurm.cancel(run.job_id)
-        elif run.agent_pid:
-            try:
-                os.killpg(run.agent_pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        else:
+            kill_tree(run.agent_pid, run.pid if run.host == socket.gethostname() else None)
         killed.append(rid)
     return killed
+
+
+def kill_tree(agent_pid: int | None, trainer_pid: int | None) -> None:
+    """SIGKILL torchrun and every process below it (workers run in sessions of their own)."""
+    procs: list[psutil.Process] = []
+    for pid in (agent_pid, trainer_pid):
+        if not pid:
+            continue
+        try:
+            p = psutil.Process(pid)
+            procs += [p, *p.children(recursive=True)]
+        except psutil.Error:
+            continue
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=10)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,7 +41,23 @@ def workdir(tmp_path: Path, builtin_data: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("ATTNRES_DB", str(tmp_path / "runs.db"))
     monkeypatch.setenv("ATTNRES_LOGS", str(tmp_path / "logs"))
     monkeypatch.setenv("ATTNRES_CHECKPOINTS", str(tmp_path / "checkpoints"))
-    return tmp_path
+    yield tmp_path
+    stop_leftovers(tmp_path / "runs.db")
+
+
+def stop_leftovers(db: Path) -> None:
+    """Kill runs a test left queued or running, so no orphan slows the tests after it."""
+    if not db.exists():
+        return
+    from attnres import scheduler
+    from attnres.tracking import store
+    from attnres.tracking.db import get_engine
+
+    try:
+        engine = get_engine(str(db))
+        scheduler.kill(engine, [r.id for r in store.active_runs(engine)])
+    except Exception:  # noqa: BLE001 - a test may leave a corrupt or locked file on purpose
+        pass
 
 
 def attnres(*args: str, check: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:

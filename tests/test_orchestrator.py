@@ -7,6 +7,7 @@ import signal
 import sqlite3
 import time
 
+import psutil
 from conftest import FAST, attnres
 
 from attnres.listing import grid_rows
@@ -119,9 +120,10 @@ def test_diverged_run_records_the_step(workdir):
 
 def test_kill_of_a_queued_run_means_it_never_starts(workdir):
     attnres("launch", "standard", "--seeds", "1", "2", "--steps", "400", *FAST, "--detach", check=True)
-    wait_for(lambda: runs(workdir)[0]["status"] == "running")
+    trainer = wait_for(lambda: (r := runs(workdir)[0])["status"] == "running" and r["pid"])
     attnres("kill", "2", check=True)
     attnres("kill", "1", check=True)
+    wait_for(lambda: not psutil.pid_exists(trainer), timeout=15)  # the whole process tree is gone
     time.sleep(2)
     first, second = runs(workdir)
     assert (first["status"], second["status"]) == ("killed", "killed") and second["started_at"] is None

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from attnres.errors import AttnresError
 from attnres.tracking import store
-from attnres.tracking.schema import Run
+from attnres.tracking.schema import ACTIVE, Run
 
 
 def _sqlite_file(engine: Engine) -> Path | None:
@@ -157,8 +157,10 @@ def ingest_spool(engine: Engine, spool: Path, truncate: bool = True) -> dict[str
     created = 0
     for run_id, fields in states.items():
         with Session(engine) as s:
-            exists = s.scalar(select(Run.id).where(Run.id == run_id)) is not None
-        if exists:
+            status = s.scalar(select(Run.status).where(Run.id == run_id))
+        if status is not None:
+            if status not in ACTIVE and fields.get("status") in ACTIVE:
+                fields = {k: v for k, v in fields.items() if k != "status"}  # an end decided elsewhere wins
             store.update_run(engine, run_id, **store.parse_times(fields))
         elif "config_json" in fields:  # the database was replaced: recreate the run from the spool
             with Session(engine) as s:

@@ -118,7 +118,7 @@ class MetricWriter:
                 ingest_spool(self.engine, self.spool, truncate=False)  # what earlier failures left
             store.log_metrics(self.engine, self.run_id, rows)
             if state:
-                store.update_run(self.engine, self.run_id, **store.parse_times(state))
+                store.update_run(self.engine, self.run_id, **_respecting_kill(self.engine, self.run_id, state))
         except (SQLAlchemyError, OSError, AttnresError) as exc:
             with self.lock:
                 self.pending = rows + self.pending
@@ -135,6 +135,15 @@ class MetricWriter:
                 self._fh.seek(0)
                 if self.snapshot:  # ... but keep what rebuilds the run should the database be lost
                     self._append({"run": self.run_id, "fields": self.snapshot})
+
+
+def _respecting_kill(engine: Engine, run_id: int, fields: dict[str, object]) -> dict[str, object]:
+    """A run the user killed stays killed, whatever the dying run reports (e.g. 'preempted')."""
+    with Session(engine) as s:
+        current = s.scalar(select(Run.status).where(Run.id == run_id))
+    if current == "killed":
+        fields = {k: v for k, v in fields.items() if k not in {"status", "message", "ended_at"}}
+    return store.parse_times(fields)
 
 
 def ingest_spool(engine: Engine, spool: Path, truncate: bool = True) -> dict[str, int]:
@@ -161,7 +170,7 @@ def ingest_spool(engine: Engine, spool: Path, truncate: bool = True) -> dict[str
         if status is not None:
             if status not in ACTIVE and fields.get("status") in ACTIVE:
                 fields = {k: v for k, v in fields.items() if k != "status"}  # an end decided elsewhere wins
-            store.update_run(engine, run_id, **store.parse_times(fields))
+            store.update_run(engine, run_id, **_respecting_kill(engine, run_id, fields))
         elif "config_json" in fields:  # the database was replaced: recreate the run from the spool
             with Session(engine) as s:
                 s.add(Run(id=run_id, **store.parse_times(fields)))

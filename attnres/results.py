@@ -15,10 +15,10 @@ from sqlalchemy import Engine, func, select
 
 from attnres.tracking import store
 from attnres.tracking.schema import Metric, MetricKey
+from reports.stats import EARLY
 
 CURVE_POINTS = 200
 FULL_CURVES_UP_TO = 200_000  # eval rows; above this, curves are thinned
-EARLY = ("diverged", "stopped", "failed", "killed")
 
 
 @dataclass

@@ -79,8 +79,9 @@ def run_queue(engine: Engine, db: str | None, run_ids: list[int], nproc: int = 1
     while pending or active:
         while pending and ((per_run and len(free) >= per_run) or (not per_run and not active)):
             rid = pending.popleft()
-            if store.get_run(engine, rid).status != "queued":  # killed while waiting
-                results[rid] = store.get_run(engine, rid).status
+            status = store.get_run(engine, rid).status
+            if status != "queued":  # killed while waiting
+                results[rid] = status
                 continue
             gpus, free = free[:per_run], free[per_run:]
             active[rid] = start(engine, url, rid, per_run or nproc, gpus)

@@ -222,7 +222,7 @@ def train(cfg: RunConfig, run_id: int, engine, d: Dist, sink: MetricWriter | Non
         done = step + 1
         if not (math.isfinite(train_loss) and math.isfinite(float(grad_norm))):
             if sink:
-                sink.update_run(step=done)
+                sink.update_run(step=done, stop_step=done, message=f"non-finite loss or gradient at step {done}")
             return "diverged"  # stop before a non-finite update poisons the weights
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -299,9 +299,6 @@ def main(argv: list[str] | None = None) -> int:
     if beat and writer:
         beat.stopped.set()
         fields: dict[str, object] = {"status": status, "ended_at": store.now(), "exit_code": 0}
-        if status == "diverged":
-            step = writer.state.get("step") or store.get_run(engine, run_id).step
-            fields |= {"stop_step": step, "message": f"non-finite loss or gradient at step {step}"}
         if status == "preempted":
             fields |= {"message": "SIGTERM: checkpoint saved; `attnres resume` continues it", "ended_at": None}
         writer.update_run(**fields)

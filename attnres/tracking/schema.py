@@ -12,8 +12,6 @@ from datetime import datetime
 from sqlalchemy import DateTime, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 1
-
 STATES = ("queued", "running", "finished", "failed", "killed", "diverged", "stopped", "preempted")
 ACTIVE = ("queued", "running")
 RESUMABLE = ("failed", "killed", "preempted")  # relaunching continues these from their checkpoint
@@ -73,7 +71,7 @@ class Metric(Base):
 
 
 class Meta(Base):
-    """Key/value facts about the database itself (schema version)."""
+    """Key/value facts about the database itself (pre-Alembic files kept their version here)."""
 
     __tablename__ = "meta"
 

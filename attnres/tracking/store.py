@@ -6,8 +6,6 @@ run/key/step), so replaying a batch after a retry records each value exactly onc
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -54,11 +52,6 @@ def update_run(engine: Engine, run_id: int, **fields: object) -> None:
         s.commit()
 
 
-def mark_started(engine: Engine, run_id: int, world_size: int) -> None:
-    update_run(engine, run_id, status="running", started_at=now(), heartbeat_at=now(),
-               pid=os.getpid(), host=socket.gethostname(), world_size=world_size)
-
-
 def runs_with_config(engine: Engine, config_hash: str) -> list[tuple[int, str]]:
     """(id, status) of runs with exactly this config, oldest first (for skip/resume on relaunch)."""
     with Session(engine) as s:
@@ -98,10 +91,6 @@ def log_metrics(engine: Engine, run_id: int, rows: Sequence[tuple[int, str, floa
     with engine.begin() as conn:
         conn.execute(_insert_ignore(engine, Metric), payload)
     return len(rows)
-
-
-def heartbeat(engine: Engine, run_id: int, step: int) -> None:
-    update_run(engine, run_id, step=step, heartbeat_at=now())
 
 
 # -- reads ---------------------------------------------------------------------------------------

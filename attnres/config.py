@@ -151,6 +151,12 @@ PRESETS: dict[str, Preset] = {
                         eval_batches=16, log_every=10),
         ),
         Preset(
+            "bench", "CPU speed benches: 12L d512, vocab 512 (the layers, not the vocabulary, dominate a "
+            "step), the paper's 1024-token context, one sequence per step",
+            ModelConfig(n_layer=12, d_model=512, n_head=8, seq_len=1024, vocab_size=512),
+            TrainConfig(steps=200, batch_size=1, lr=1e-3, warmup=20, eval_every=50),
+        ),
+        Preset(
             "paper500m", "the results document's 24L d1536 model on FineWeb-Edu",
             ModelConfig(n_layer=24, d_model=1536, n_head=12, seq_len=1024, mlp_multiple_of=256),
             TrainConfig(steps=19073, batch_size=16, lr=6e-4, warmup=700, eval_every=250,

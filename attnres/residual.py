@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnres.config import ResidualSpec
+from attnres.depth_attend import attend, rms_rsqrt
 
 Step = Callable[[Tensor], Tensor]
 
@@ -39,11 +40,18 @@ class StandardResidual(nn.Module):
 
 @dataclass
 class Source:
-    """One candidate for depth attention: its tensor, depth position and role."""
+    """One candidate for depth attention: its tensor (token-major), depth position and role.
 
-    value: Tensor
+    ``rs`` is its RMS statistic, computed once when the source is made (see ``depth_attend``);
+    ``value`` differs from ``key`` only for projected block summaries.
+    """
+
+    key: Tensor
     pos: int  # 0 = embedding, k = k-th block (1-based)
     kind: str  # "embedding" | "block" | "partial" | "window"
+    rs: Tensor
+    value: Tensor | None = None
+    scale: float = 1.0  # the source is scale * key (a mean kept as a sum)
 
 
 @dataclass
@@ -63,6 +71,11 @@ class DepthAttention(nn.Module):
     Sites are the inputs of every step plus the input of the final norm (``n_steps + 1``).
     A site inside block ``n`` (0-based) sits at depth position ``n + 1``; the embedding is at
     position 0 and the ``k``-th completed block at position ``k``.
+
+    The sites of one block share their completed sources, so they are attended together in one
+    kernel call when the block starts (their queries do not depend on the input). Each site then
+    merges its own sources (the block's partial state, the window) by an online-softmax update.
+    See :mod:`attnres.depth_attend` for what is saved for backward.
     """
 
     def __init__(self, spec: ResidualSpec, d_model: int, n_steps: int, eps: float) -> None:
@@ -89,7 +102,7 @@ class DepthAttention(nn.Module):
         self.record = False
         self.records: list[SiteRecord] = []
 
-    # -- which sources a site sees -------------------------------------------------------------
+    # -- queries, gains and biases --------------------------------------------------------------
     def _query_index(self, site: int) -> int:
         return {"site": site, "group": site // self.spec.query_group, "shared": 0}[self.spec.query]
 
@@ -99,86 +112,119 @@ class DepthAttention(nn.Module):
             return True
         return site_pos - pos <= s.sparse_near or pos % s.sparse_stride == 0
 
-    def _sources(self, site: int, emb: Tensor, blocks: list[Tensor], partial: Tensor | None,
-                 window: deque[tuple[Tensor, int]]) -> tuple[list[Source], int]:
-        site_pos = site // self.block_size + 1
-        out = [Source(emb, 0, "embedding")]
-        out += [Source(b, k + 1, "block") for k, b in enumerate(blocks)]
-        out = [s for s in out if self._allowed(site_pos, s.pos)]
-        if partial is not None:
-            out.append(Source(partial, site_pos, "partial"))
-        out += [Source(v, p, "window") for v, p in reversed(window)]  # newest first
-        return out, site_pos
+    def _rotate(self, x: Tensor, dist: Tensor) -> Tensor:
+        """Rotate channel pairs of ``x`` (..., D) by ``dist * inv_freq``; ``dist`` (n,) -> (n, ..., D).
 
-    # -- scoring ------------------------------------------------------------------------------
-    def _rope(self, x: Tensor, pos: Tensor) -> Tensor:
-        """Rotate pairs of channels of ``x`` (..., D) by angle pos * inv_freq; pos broadcasts."""
-        ang = pos[..., None].float() * self.rope_inv_freq  # (..., D/2)
+        Rotating keys by their position and the query by the site's is the same as rotating the
+        query alone by the distance, which is what lets the rotation live in the query.
+        """
+        ang = dist.to(x.dtype).view(-1, *([1] * (x.dim() - 1)), 1) * self.rope_inv_freq.to(x.dtype)
         cos, sin = ang.cos(), ang.sin()
         x1, x2 = x[..., 0::2], x[..., 1::2]
         return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
-    def _mix(self, site: int, sources: list[Source], site_pos: int, state: Tensor) -> Tensor:
+    def _queries(self, sites: list[int], site_pos: int, positions: list[int],
+                 state: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Effective queries ``u`` (gain folded in, rotated by distance) and the ALiBi bias.
+
+        Shapes as :func:`attend` takes them: (1 or n, S, D), or per token (1 or n, N, D).
+        """
         s = self.spec
-        raw = torch.stack([src.value for src in sources])  # (S, B, T, D)
-        positions = [src.pos for src in sources]
-        pos = torch.tensor(positions, device=raw.device)
-        with torch.autocast(device_type="cuda" if raw.is_cuda else "cpu", enabled=False):
-            keys = raw.float()
-            keys = keys * torch.rsqrt(keys.pow(2).mean(-1, keepdim=True) + self.eps)
-            if s.key_gain == "source":
-                keys = keys * self.key_gain[pos][:, None, None, :].float()
-            else:
-                keys = keys * self.key_gain[site].float()
-            q = self.query[self._query_index(site)].float()  # (D,)
-            if s.query_rank:
-                h = state.float()
-                h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-                q = q + (h @ self.query_down[site].float()) @ self.query_up[site].float()  # (B,T,D)
-            if s.rope:
-                keys = self._rope(keys, pos[:, None, None])
-                q = self._rope(q, torch.tensor(site_pos, device=raw.device))
-            logits = (keys * q).sum(-1)  # (S, B, T); no 1/sqrt(d), as in the paper
-            if s.alibi:
-                logits = logits - self.alibi_slope[site].float() * (site_pos - pos).float()[:, None, None]
-            weights = torch.softmax(logits, dim=0)
-        values = raw
-        if s.value_proj:
-            is_block = torch.tensor([src.kind == "block" for src in sources], device=raw.device)
-            projected = raw + F.linear(raw, self.value_delta)
-            values = torch.where(is_block[:, None, None, None], projected, raw)
-        if self.record:
-            self.records.append(SiteRecord(site, [x.kind for x in sources], positions,
-                                           weights.detach(), [x.value.detach() for x in sources]))
-        return torch.einsum("sbt,sbtd->btd", weights.to(values.dtype), values)
+        q = self.query[[self._query_index(i) for i in sites]]  # (S, D)
+        if s.query_rank:  # input-dependent: one site, a query per token
+            h = state * torch.rsqrt(state.pow(2).mean(-1, keepdim=True) + self.eps)
+            q = q + (h @ self.query_down[sites[0]]) @ self.query_up[sites[0]]  # (N, D)
+        pos = torch.tensor(positions, device=q.device)
+        dist = site_pos - pos
+        if s.rope:
+            q = self._rotate(q, dist)  # (n, S|N, D)
+        else:
+            q = q[None]
+        if s.key_gain == "source":
+            gain = self.key_gain[pos][:, None, :]  # (n, 1, D)
+        else:
+            gain = self.key_gain[sites][None] if not s.query_rank else self.key_gain[sites[0]][None, None]
+        bias = None
+        if s.alibi:
+            bias = -self.alibi_slope[sites][None, :] * dist[:, None].to(q.dtype)  # (n, S)
+        return gain * q, bias
 
     # -- the depth loop -----------------------------------------------------------------------
-    def _reduce(self, total: Tensor, count: int) -> Tensor:
-        return total / count if self.spec.reduce == "mean" else total
+    def _source(self, key: Tensor, pos: int, kind: str, scale: float = 1.0) -> Source:
+        value = None
+        if kind == "block" and self.spec.value_proj:
+            kv = key * scale
+            value = kv + F.linear(kv, self.value_delta.to(key.dtype))
+        return Source(key, pos, kind, rms_rsqrt(key, self.eps, scale), value, scale)
+
+    def _attend(self, sources: list[Source], sites: list[int], site_pos: int, state: Tensor | None,
+                prior: tuple[Tensor, Tensor] | None = None) -> tuple[list[Tensor], Tensor, Tensor]:
+        u, bias = self._queries(sites, site_pos, [src.pos for src in sources], state)
+        values = [src.value if src.value is not None else src.key for src in sources]
+        projected = any(src.value is not None for src in sources)
+        return attend([src.key for src in sources], u, [src.rs for src in sources],
+                      values=values if projected else None, bias=bias, per_token=bool(self.spec.query_rank),
+                      prior=prior, scales=[src.scale for src in sources],
+                      value_scales=[1.0 if src.value is not None else src.scale for src in sources])
+
+    def _scale(self, count: int) -> float:
+        """A block's representation is its outputs' sum times this (1/count for a mean)."""
+        return 1.0 / count if self.spec.reduce == "mean" else 1.0
+
+    def _record(self, site: int, srcs: list[Source], weights: Tensor, shape: torch.Size) -> None:
+        """Keep the weights (N, S) a site gave its sources, for tests and analysis."""
+        self.records.append(SiteRecord(site, [x.kind for x in srcs], [x.pos for x in srcs],
+                                       weights.float().t().reshape(len(srcs), *shape[:-1]),
+                                       [(x.key.detach() * x.scale).view(shape) for x in srcs]))
 
     def forward(self, emb: Tensor, steps: Sequence[Step]) -> Tensor:
         assert len(steps) == self.n_steps, "residual built for a different depth"
         self.records = []
-        blocks: list[Tensor] = []
-        window: deque[tuple[Tensor, int]] = deque(maxlen=self.spec.window or None)
+        shape = emb.shape
+        dev = "cuda" if emb.is_cuda else "cpu"
+        flat = emb.reshape(-1, shape[-1])
+        completed = [self._source(flat, 0, "embedding")]
+        window: deque[Source] = deque(maxlen=self.spec.window or None)
         total: Tensor | None = None
         count = 0
-        state = emb  # the standard-residual running state, for input-dependent queries
-        for i in range(self.n_steps + 1):
-            partial = self._reduce(total, count) if (total is not None and self.spec.partial) else None
-            sources, site_pos = self._sources(i, emb, blocks, partial, window if self.spec.window else deque())
-            x = self._mix(i, sources, site_pos, state)
-            if i == self.n_steps:
-                return x
-            v = steps[i](x)
-            state = x + v
-            total = v if total is None else total + v
-            count += 1
-            if self.spec.window:
-                window.append((v, site_pos))
-            if count == self.block_size:
-                blocks.append(self._reduce(total, count))
-                total, count = None, 0
+        state = flat  # the standard-residual running state, for input-dependent queries
+        i = 0
+        while i <= self.n_steps:
+            site_pos = i // self.block_size + 1
+            # the sites that share these completed sources: the rest of the block (+ the final norm)
+            end = min(site_pos * self.block_size, self.n_steps + 1) if not self.spec.query_rank else i + 1
+            sites = list(range(i, end))
+            shared = [src for src in completed if self._allowed(site_pos, src.pos)]
+            if len(sites) > 1:
+                with torch.autocast(dev, enabled=False):
+                    outs, lses, weights = self._attend(shared, sites, site_pos, state)
+            for j, site in enumerate(sites):
+                own = ([self._source(total, site_pos, "partial", self._scale(count))]
+                       if total is not None and self.spec.partial else [])
+                own += list(reversed(window))  # newest first
+                with torch.autocast(dev, enabled=False):
+                    if len(sites) == 1:  # nothing to share: one call over all of the site's sources
+                        (x,), _, w = self._attend(shared + own, sites, site_pos, state)
+                        w = w[:, :, 0]
+                    elif own:  # merge the site's own sources into its shared result
+                        (x,), _, w_own = self._attend(own, [site], site_pos, state, prior=(outs[j], lses[:, j]))
+                        w = torch.cat([w_own[:, :1, 0] * weights[:, :, j], w_own[:, 1:, 0]], 1)
+                    else:
+                        x, w = outs[j], weights[:, :, j]
+                if self.record:
+                    self._record(site, shared + own, w, shape)
+                if site == self.n_steps:
+                    return x.view(shape)
+                v = steps[site](x.view(shape)).reshape(-1, shape[-1])
+                state = x + v if self.spec.query_rank else state
+                total = v if total is None else total + v
+                count += 1
+                if self.spec.window:
+                    window.append(self._source(v, site_pos, "window"))
+                if count == self.block_size:
+                    completed.append(self._source(total, site_pos, "block", self._scale(count)))
+                    total, count = None, 0
+            i = end
         raise AssertionError("unreachable")
 
 

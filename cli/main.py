@@ -9,23 +9,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from attnres.errors import AttnresError
-
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Launch, track and report AttnRes (attention over depth) experiments.")
-data_app = typer.Typer(no_args_is_help=True, help="Prepare tokenized datasets.")
-app.add_typer(data_app, name="data")
-db_app = typer.Typer(no_args_is_help=True, help="Manage the tracking database.")
-app.add_typer(db_app, name="db")
-console = Console()
-err = Console(stderr=True)
-
-DbOpt = Annotated[str | None, typer.Option("--db", help="SQLAlchemy URL or SQLite file (default ./runs.db)")]
+from cli.app import DbOpt, app, console, err
 
 
 @app.command()
@@ -324,141 +313,6 @@ def _print_frame(df: object, title: str, floatfmt: str = "") -> None:
     console.print(table)
 
 
-@app.command("export")
-def export_cmd(
-    fmt: Annotated[str, typer.Option("--format", help="csv or parquet")] = "csv",
-    out: Annotated[Path, typer.Option("--out", help="folder to write runs.* and metrics.*")] = Path("export"),
-    db: DbOpt = None,
-) -> None:
-    """Export every run and metric (pandas) to CSV or Parquet."""
-    from attnres.tracking.db import get_engine
-    from attnres.transfer import export
-
-    for path in export(get_engine(db, create=False), out, fmt):
-        console.print(f"wrote {path}")
-
-
-@app.command("import")
-def import_cmd(
-    file: Annotated[Path, typer.Argument(help="CSV/JSONL/Parquet: run?, variant, seed, step, key, value, status?")],
-    db: DbOpt = None,
-) -> None:
-    """Import runs recorded elsewhere (format: see attnres/transfer.py or README) into the database."""
-    from attnres.tracking.db import get_engine
-    from attnres.transfer import import_file
-
-    counts = import_file(get_engine(db), file)
-    console.print(f"imported {counts['rows']:,} metric rows; {counts['runs_created']} new run(s)")
-
-
-@app.command()
-def bench(
-    target: Annotated[list[str], typer.Argument(help="data | report")],
-    megabytes: Annotated[float, typer.Option(help="bench data: text size")] = 8.0,
-    runs: Annotated[int, typer.Option(help="bench report: runs")] = 200,
-    steps: Annotated[int, typer.Option(help="bench report: steps per run")] = 6000,
-    json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
-) -> None:
-    """Benchmarks measured side by side in one run: data preparation, report generation."""
-    import json
-
-    from attnres import bench as B
-
-    kind = target[0]
-    if kind == "data":
-        result = B.bench_data(megabytes)
-    elif kind == "report":
-        result = B.bench_report(runs, steps)
-    else:
-        raise AttnresError(f"unknown benchmark '{kind}'; choose data or report")
-    if json_out:
-        console.print_json(json.dumps(result))
-        return
-    table = Table(title=f"attnres bench {kind}")
-    table.add_column("measure")
-    table.add_column("value", justify="right")
-    for k, v in result.items():
-        table.add_row(k, f"{v:,.3f}" if isinstance(v, float) else f"{v:,}")
-    console.print(table)
-
-
-@app.command()
-def sync(
-    spool: Annotated[list[Path] | None, typer.Argument(help="spool files (default: logs/*.spool.jsonl)")] = None,
-    db: DbOpt = None,
-) -> None:
-    """Write spooled metrics and run states (left when the database was unreachable) into the database."""
-    from attnres.launch import logs_dir
-    from attnres.tracking.db import get_engine
-    from attnres.tracking.writer import ingest_spool
-
-    files = spool or sorted(p for p in logs_dir().glob("*.spool.jsonl") if p.stat().st_size)
-    engine = get_engine(db)
-    total = {"rows": 0, "runs": 0}
-    for path in files:
-        got = ingest_spool(engine, path)
-        total = {k: total[k] + got[k] for k in total}
-        extra = f", {got['runs']} run(s) recreated" if got["runs"] else ""
-        console.print(f"{path}: {got['rows']:,} metric rows{extra}")
-    console.print(f"synced {len(files)} spool file(s): {total['rows']:,} rows")
-
-
-@db_app.command("upgrade")
-def db_upgrade(db: DbOpt = None) -> None:
-    """Migrate the database to this attnres's schema in place (Alembic), keeping every run."""
-    from attnres.tracking.db import upgrade
-
-    before, after = upgrade(db)
-    console.print(f"database schema: {before or 'empty'} -> {after}")
-
-
-@data_app.command("prepare")
-def data_prepare(
-    source: Annotated[str, typer.Option(help="builtin | files | fineweb-edu")] = "builtin",
-    data_files: Annotated[list[str] | None, typer.Option("--data-files", help="parquet/jsonl files or globs")] = None,
-    out: Annotated[Path | None, typer.Option(help="dataset folder (default data/<source>)")] = None,
-    max_tokens: Annotated[int, typer.Option(help="stop after this many tokens (0 = all)")] = 0,
-    config: Annotated[str, typer.Option(help="FineWeb-Edu config")] = "sample-10BT",
-    eval_fraction: Annotated[float, typer.Option(help="share of documents held out")] = 0.1,
-    shard_tokens: Annotated[int, typer.Option(help="tokens per shard")] = 50_000_000,
-    force: Annotated[bool, typer.Option(help="discard an existing dataset at --out")] = False,
-) -> None:
-    """Tokenize a corpus (GPT-2 BPE) into uint16 shards with a held-out split and a manifest."""
-    from attnres.data.prepare import Source, dataset_path, prepare
-
-    kinds = {"builtin": "builtin", "files": "files", "fineweb-edu": "hub"}
-    if data_files and source == "builtin":
-        source = "files"
-    if source not in kinds:
-        raise AttnresError(f"unknown source '{source}'; choose builtin, files or fineweb-edu")
-    if source == "files" and not data_files:
-        raise AttnresError("--source files needs --data-files PATH_OR_GLOB")
-    if not 0 < eval_fraction < 1:
-        raise AttnresError("--eval-fraction must be between 0 and 1")
-    src = Source(kind=kinds[source], files=list(data_files or []), config=config, max_tokens=max_tokens,
-                 eval_fraction=eval_fraction)
-    target = out or dataset_path(source)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[rate]}"),
-                  TimeElapsedColumn(), console=console) as bar:
-        task = bar.add_task("tokenizing", total=max_tokens or None, rate="")
-        started = {"t": None}
-
-        def on_progress(docs: int, tokens: int) -> None:
-            import time
-
-            started["t"] = started["t"] or time.perf_counter()
-            rate = tokens / max(1e-9, time.perf_counter() - started["t"])
-            bar.update(task, completed=tokens, rate=f"{docs:,} docs, {tokens:,} tok, {rate:,.0f} tok/s")
-
-        summary = prepare(src, target, shard_tokens=shard_tokens, force=force, on_progress=on_progress)
-    if summary.skipped:
-        console.print(f"{target}: already prepared ({summary.tokens['train']:,} train + "
-                      f"{summary.tokens['eval']:,} eval tokens); nothing to do")
-    else:
-        console.print(f"{target}: {summary.documents:,} documents, {summary.tokens['train']:,} train + "
-                      f"{summary.tokens['eval']:,} eval tokens in {summary.seconds:.1f} s")
-
-
 MULTI_VALUE = {"--seeds"}
 
 
@@ -508,6 +362,8 @@ def main() -> None:
             sys.exit(2)
         raise
 
+
+import cli.tools  # noqa: E402,F401  (registers its commands on app)
 
 if __name__ == "__main__":
     main()

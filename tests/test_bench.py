@@ -22,4 +22,30 @@ def test_bench_report_builds_a_report_over_a_synthetic_database(workdir):
 
 def test_unknown_benchmark_is_one_clear_line(workdir):
     proc = attnres("bench", "nosuch")
-    assert proc.returncode == 2 and "unknown benchmark 'nosuch'" in proc.stderr
+    assert proc.returncode == 2 and "unknown variant 'nosuch'" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+TINY = ["--set", "vocab_size=97", "--set", "d_model=32", "--set", "n_head=2", "--set", "seq_len=16",
+        "--set", "batch_size=2"]
+
+
+def test_bench_races_variants_against_standard_in_one_process(workdir):
+    out = json.loads(attnres("bench", "control_block", "full_attnres", "--preset", "tiny", *TINY,
+                             "--steps", "2", "--warmup", "0", "--json", check=True).stdout)
+    assert [r["variant"] for r in out] == ["standard", "control_block", "full_attnres"]
+    base = out[0]
+    assert base["speed_ratio"] == 1.0 and base["saved_ratio"] == 1.0
+    for r in out:
+        assert r["tokens_per_step"] == 2 * 16 and r["tokens_per_s"] > 0 and r["step_ms"] > 0
+        assert r["peak_memory_bytes"] is None  # CPU: no allocator peak to read
+        assert abs(r["saved_ratio"] - r["saved_bytes_per_token"] / base["saved_bytes_per_token"]) < 1e-9
+    cb = out[1]
+    assert cb["speed_target"] == 0.96 and cb["saved_target"] == 1.10
+    assert cb["meets_targets"] == (cb["speed_ratio"] >= 0.96 and cb["saved_ratio"] <= 1.10)
+
+
+def test_bench_table_names_every_column(workdir):
+    proc = attnres("bench", "block_mqa_depth", "--preset", "tiny", *TINY, "--steps", "1", "--warmup", "0",
+                   check=True)
+    assert "block_mqa_depth" in proc.stdout and "saved" in proc.stdout and "standard" in proc.stdout

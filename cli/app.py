@@ -1,0 +1,19 @@
+"""The Typer app and the consoles that every command module registers on and prints to."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Launch, track and report AttnRes (attention over depth) experiments.")
+data_app = typer.Typer(no_args_is_help=True, help="Prepare tokenized datasets.")
+app.add_typer(data_app, name="data")
+db_app = typer.Typer(no_args_is_help=True, help="Manage the tracking database.")
+app.add_typer(db_app, name="db")
+console = Console()
+err = Console(stderr=True)
+
+DbOpt = Annotated[str | None, typer.Option("--db", help="SQLAlchemy URL or SQLite file (default ./runs.db)")]

@@ -1,0 +1,177 @@
+"""Commands around the runs: benchmarks, export/import, spool sync, schema upgrade, data preparation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from attnres.errors import AttnresError
+from cli.app import DbOpt, app, console, data_app, db_app, err
+
+
+@app.command("export")
+def export_cmd(
+    fmt: Annotated[str, typer.Option("--format", help="csv or parquet")] = "csv",
+    out: Annotated[Path, typer.Option("--out", help="folder to write runs.* and metrics.*")] = Path("export"),
+    db: DbOpt = None,
+) -> None:
+    """Export every run and metric (pandas) to CSV or Parquet."""
+    from attnres.tracking.db import get_engine
+    from attnres.transfer import export
+
+    for path in export(get_engine(db, create=False), out, fmt):
+        console.print(f"wrote {path}")
+
+
+@app.command("import")
+def import_cmd(
+    file: Annotated[Path, typer.Argument(help="CSV/JSONL/Parquet: run?, variant, seed, step, key, value, status?")],
+    db: DbOpt = None,
+) -> None:
+    """Import runs recorded elsewhere (format: see attnres/transfer.py or README) into the database."""
+    from attnres.tracking.db import get_engine
+    from attnres.transfer import import_file
+
+    counts = import_file(get_engine(db), file)
+    console.print(f"imported {counts['rows']:,} metric rows; {counts['runs_created']} new run(s)")
+
+
+@app.command()
+def bench(
+    target: Annotated[list[str] | None, typer.Argument(
+        help="variants to race against standard (default: every variant with a target), or data | report")] = None,
+    preset: Annotated[str, typer.Option(help="variants: model size (default `bench`: 12L d512, vocab 512)")] = "bench",
+    steps: Annotated[int | None, typer.Option(help="variants: timed steps (10); report: steps per run (6000)")] = None,
+    warmup: Annotated[int, typer.Option(help="variants: untimed steps first")] = 1,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="variants: override KEY=VALUE")] = None,
+    device: Annotated[str | None, typer.Option(help="variants: cpu | cuda (default: cuda if present)")] = None,
+    megabytes: Annotated[float, typer.Option(help="bench data: text size")] = 8.0,
+    runs: Annotated[int, typer.Option(help="bench report: runs")] = 200,
+    json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """Benchmarks measured side by side in one process: variants vs standard, data preparation, reports."""
+    import json
+
+    from attnres import bench as B
+
+    kind = target[0] if target else "variants"
+    if kind in {"data", "report"}:
+        result = B.bench_data(megabytes) if kind == "data" else B.bench_report(runs, steps or 6000)
+        if json_out:
+            console.print_json(json.dumps(result))
+            return
+        table = Table(title=f"attnres bench {kind}")
+        table.add_column("measure")
+        table.add_column("value", justify="right")
+        for k, v in result.items():
+            table.add_row(k, f"{v:,.3f}" if isinstance(v, float) else f"{v:,}")
+        console.print(table)
+        return
+    from attnres.bench_model import TARGETS, bench_models
+
+    names = list(target or TARGETS)
+    with Progress(TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
+                  disable=json_out, transient=True) as bar:
+        task = bar.add_task("building models")
+        rows = bench_models(names, preset, steps or 10, warmup, set_, device,
+                            progress=lambda msg: bar.update(task, description=msg))
+    if json_out:
+        console.print_json(json.dumps(rows))
+        return
+    r0 = rows[0]
+    table = Table(title=f"attnres bench at {preset}: {r0['device']}, {r0['tokens_per_step']:,} tokens/step, "
+                        f"median of {steps or 10} paired steps")
+    for col in ["variant", "shape", "tokens/s", "vs standard", "IQR", "peak step memory", "saved B/token",
+                "vs standard ", "meets"]:
+        table.add_column(col, justify="left" if col == "variant" else "right", no_wrap=True)
+    for r in rows:
+        peak = "n/a (CPU)" if r["peak_memory_bytes"] is None else f"{r['peak_memory_bytes'] / 2**30:.2f} GiB"
+        spread = f"{r['speed_ratio_q1']:.2f}-{r['speed_ratio_q3']:.2f}"
+        speed = f"{r['speed_ratio']:.3f}" + (f" (≥{r['speed_target']})" if r["speed_target"] else "")
+        saved = f"{r['saved_ratio']:.3f}" + (f" (≤{r['saved_target']})" if r["saved_target"] else "")
+        meets = {None: "", True: "yes", False: "NO"}[r["meets_targets"]]
+        table.add_row(r["variant"], f"{r['n_layer']}L d{r['d_model']}", f"{r['tokens_per_s']:,.0f}", speed, spread,
+                      peak, f"{r['saved_bytes_per_token']:,.0f}", saved, meets)
+    (console if console.is_terminal else Console(width=140)).print(table)  # files get every column
+
+
+@app.command()
+def sync(
+    spool: Annotated[list[Path] | None, typer.Argument(help="spool files (default: logs/*.spool.jsonl)")] = None,
+    db: DbOpt = None,
+) -> None:
+    """Write spooled metrics and run states (left when the database was unreachable) into the database."""
+    from attnres.launch import logs_dir
+    from attnres.tracking.db import get_engine
+    from attnres.tracking.writer import ingest_spool
+
+    files = spool or sorted(p for p in logs_dir().glob("*.spool.jsonl") if p.stat().st_size)
+    engine = get_engine(db)
+    total = {"rows": 0, "runs": 0}
+    for path in files:
+        got = ingest_spool(engine, path)
+        total = {k: total[k] + got[k] for k in total}
+        extra = f", {got['runs']} run(s) recreated" if got["runs"] else ""
+        console.print(f"{path}: {got['rows']:,} metric rows{extra}")
+    console.print(f"synced {len(files)} spool file(s): {total['rows']:,} rows")
+
+
+@db_app.command("upgrade")
+def db_upgrade(db: DbOpt = None) -> None:
+    """Migrate the database to this attnres's schema in place (Alembic), keeping every run."""
+    from attnres.tracking.db import upgrade
+
+    before, after = upgrade(db)
+    console.print(f"database schema: {before or 'empty'} -> {after}")
+
+
+@data_app.command("prepare")
+def data_prepare(
+    source: Annotated[str, typer.Option(help="builtin | files | fineweb-edu")] = "builtin",
+    data_files: Annotated[list[str] | None, typer.Option("--data-files", help="parquet/jsonl files or globs")] = None,
+    out: Annotated[Path | None, typer.Option(help="dataset folder (default data/<source>)")] = None,
+    max_tokens: Annotated[int, typer.Option(help="stop after this many tokens (0 = all)")] = 0,
+    config: Annotated[str, typer.Option(help="FineWeb-Edu config")] = "sample-10BT",
+    eval_fraction: Annotated[float, typer.Option(help="share of documents held out")] = 0.1,
+    shard_tokens: Annotated[int, typer.Option(help="tokens per shard")] = 50_000_000,
+    force: Annotated[bool, typer.Option(help="discard an existing dataset at --out")] = False,
+) -> None:
+    """Tokenize a corpus (GPT-2 BPE) into uint16 shards with a held-out split and a manifest."""
+    from attnres.data.prepare import Source, dataset_path, prepare
+
+    kinds = {"builtin": "builtin", "files": "files", "fineweb-edu": "hub"}
+    if data_files and source == "builtin":
+        source = "files"
+    if source not in kinds:
+        raise AttnresError(f"unknown source '{source}'; choose builtin, files or fineweb-edu")
+    if source == "files" and not data_files:
+        raise AttnresError("--source files needs --data-files PATH_OR_GLOB")
+    if not 0 < eval_fraction < 1:
+        raise AttnresError("--eval-fraction must be between 0 and 1")
+    src = Source(kind=kinds[source], files=list(data_files or []), config=config, max_tokens=max_tokens,
+                 eval_fraction=eval_fraction)
+    target = out or dataset_path(source)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[rate]}"),
+                  TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task("tokenizing", total=max_tokens or None, rate="")
+        started = {"t": None}
+
+        def on_progress(docs: int, tokens: int) -> None:
+            import time
+
+            started["t"] = started["t"] or time.perf_counter()
+            rate = tokens / max(1e-9, time.perf_counter() - started["t"])
+            bar.update(task, completed=tokens, rate=f"{docs:,} docs, {tokens:,} tok, {rate:,.0f} tok/s")
+
+        summary = prepare(src, target, shard_tokens=shard_tokens, force=force, on_progress=on_progress)
+    if summary.skipped:
+        console.print(f"{target}: already prepared ({summary.tokens['train']:,} train + "
+                      f"{summary.tokens['eval']:,} eval tokens); nothing to do")
+    else:
+        console.print(f"{target}: {summary.documents:,} documents, {summary.tokens['train']:,} train + "
+                      f"{summary.tokens['eval']:,} eval tokens in {summary.seconds:.1f} s")

@@ -40,11 +40,19 @@ def rms_rsqrt(x: Tensor, eps: float, scale: float = 1.0) -> Tensor:
         return ms.add_(eps).rsqrt_()
 
 
+def _scale_tensors(scales: tuple | None, like: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    """Key and value scales as (1, n, 1) tensors, or None when there are none."""
+    if scales is None:
+        return None, None
+    ks, vs = (torch.tensor(sc, dtype=like.dtype, device=like.device)[None, :, None] for sc in scales)
+    return ks, vs
+
+
 class _Attend(torch.autograd.Function):
     """See :func:`attend`. Tensor arguments are passed flat: keys, then values if they differ."""
 
     @staticmethod
-    def forward(ctx: Any, n: int, per_token: bool, has_values: bool, scales: tuple[tuple[float, ...], ...],
+    def forward(ctx: Any, n: int, per_token: bool, has_values: bool, scales: tuple[tuple[float, ...], ...] | None,
                 u: Tensor, rs: Tensor, bias: Tensor | None, prior: Tensor | None, prior_lse: Tensor | None,
                 *flat: Tensor) -> tuple[Tensor, ...]:
         keys = flat[:n]
@@ -57,8 +65,8 @@ class _Attend(torch.autograd.Function):
                                1)[:, :, None]
         else:
             dots = torch.stack([F.linear(key, u[i].to(key.dtype)) for key, i in zip(keys, iu, strict=True)], 1)
-        ks, vs = (torch.tensor(sc, dtype=cdt, device=rs.device)[None, :, None] for sc in scales)
-        dots = dots.to(cdt) * ks  # (N, n, S): K . u, before the norm
+        ks, vs = _scale_tensors(scales, rs)
+        dots = dots.to(cdt) if ks is None else dots.to(cdt) * ks  # (N, n, S): K . u, before the norm
         logits = dots * rs[:, :, None]
         if bias is not None:
             logits = logits + bias.to(cdt)
@@ -67,7 +75,7 @@ class _Attend(torch.autograd.Function):
         lse = torch.logsumexp(logits, 1)  # (N, S)
         w = torch.exp(logits - lse[:, None])  # (N, m, S), m = n (+1 with a prior, first)
         off = 1 if prior is not None else 0
-        wv = torch.cat([w[:, :off], w[:, off:] * vs], 1).to(values[0].dtype)  # value scales folded in
+        wv = (w if vs is None else torch.cat([w[:, :off], w[:, off:] * vs], 1)).to(values[0].dtype)
         outs = [prior * wv[:, 0, s, None] if prior is not None else values[0] * wv[:, 0, s, None]
                 for s in range(n_sites)]
         for k in range(1 - off, n):  # each source read once for all sites
@@ -98,8 +106,9 @@ class _Attend(torch.autograd.Function):
             return torch.mul(a, b, out=scratch).sum(-1, dtype=cdt)
 
         # softmax backward: d logit_k = w_k (V_k . G - out . G) (+ w_k d lse)
-        ks, vs = (torch.tensor(sc, dtype=cdt, device=rs.device)[None, :, None] for sc in ctx.scales)
-        g = torch.stack([torch.stack([rowdot(v, gs) for gs in g_out], 1) for v in values], 1) * vs  # (N, n, S)
+        ks, vs = _scale_tensors(ctx.scales, rs)
+        g = torch.stack([torch.stack([rowdot(v, gs) for gs in g_out], 1) for v in values], 1)  # (N, n, S)
+        g = g if vs is None else g * vs
         wk = w[:, off:]
         if off:
             total = torch.stack([rowdot(o, gs) for o, gs in zip(outs, g_out, strict=True)], 1)
@@ -119,9 +128,11 @@ class _Attend(torch.autograd.Function):
         d_bias = d_logit.sum(0) if ctx.has_bias else None
         # d loss / d (K . u), then through the norm (d r / d K = -r^3 K / D); both onto the
         # unscaled key tensor (times its scale once, and twice for the term in K itself)
-        alpha = d_logit * rs[:, :, None] * ks
-        coef = -(d_logit * dots).sum(2) * rs.pow(3) * ks[:, :, 0].pow(2) / keys[0].shape[-1]  # (N, n)
-        wv = (wk * vs).to(g_out[0].dtype)
+        alpha = d_logit * rs[:, :, None]
+        coef = -(d_logit * dots).sum(2) * rs.pow(3) / keys[0].shape[-1]  # (N, n)
+        if ks is not None:
+            alpha, coef = alpha * ks, coef * ks[:, :, 0].pow(2)
+        wv = (wk if vs is None else wk * vs).to(g_out[0].dtype)
         d_u = torch.zeros_like(u)
         d_keys, d_values = [], []
         for k in range(n):
@@ -168,8 +179,9 @@ def attend(keys: Sequence[Tensor], u: Tensor, rs: Sequence[Tensor], *, values: S
         (outputs: S tensors (N, D), lse (N, S), weights (N, [1 +] n, S) detached, prior first).
     """
     p, p_lse = prior if prior is not None else (None, None)
-    ks = tuple(scales or [1.0] * len(keys))
-    vs = tuple(value_scales or ks) if values is not None else ks
-    *outs, lse, w = _Attend.apply(len(keys), per_token, values is not None, (ks, vs), u, torch.stack(list(rs), 1),
+    both = None
+    if scales is not None:
+        both = (tuple(scales), tuple(value_scales or scales) if values is not None else tuple(scales))
+    *outs, lse, w = _Attend.apply(len(keys), per_token, values is not None, both, u, torch.stack(list(rs), 1),
                                   bias, p, p_lse, *keys, *(values or ()))
     return outs, lse, w

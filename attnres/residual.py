@@ -130,23 +130,22 @@ class DepthAttention(nn.Module):
         Shapes as :func:`attend` takes them: (1 or n, S, D), or per token (1 or n, N, D).
         """
         s = self.spec
-        q = self.query[[self._query_index(i) for i in sites]]  # (S, D)
+        q = _rows(self.query, [self._query_index(i) for i in sites])  # (S, D)
         if s.query_rank:  # input-dependent: one site, a query per token
             h = state * torch.rsqrt(state.pow(2).mean(-1, keepdim=True) + self.eps)
             q = q + (h @ self.query_down[sites[0]]) @ self.query_up[sites[0]]  # (N, D)
-        pos = torch.tensor(positions, device=q.device)
-        dist = site_pos - pos
-        if s.rope:
-            q = self._rotate(q, dist)  # (n, S|N, D)
-        else:
-            q = q[None]
+        dist = None
+        if s.rope or s.alibi or s.key_gain == "source":
+            pos = torch.tensor(positions, device=q.device)
+            dist = site_pos - pos
+        q = self._rotate(q, dist) if s.rope else q[None]  # (n or 1, S|N, D)
         if s.key_gain == "source":
             gain = self.key_gain[pos][:, None, :]  # (n, 1, D)
         else:
-            gain = self.key_gain[sites][None] if not s.query_rank else self.key_gain[sites[0]][None, None]
+            gain = _rows(self.key_gain, sites)[None] if not s.query_rank else self.key_gain[sites[0]][None, None]
         bias = None
         if s.alibi:
-            bias = -self.alibi_slope[sites][None, :] * dist[:, None].to(q.dtype)  # (n, S)
+            bias = -_rows(self.alibi_slope, sites)[None, :] * dist[:, None].to(q.dtype)  # (n, S)
         return gain * q, bias
 
     # -- the depth loop -----------------------------------------------------------------------
@@ -162,10 +161,11 @@ class DepthAttention(nn.Module):
         u, bias = self._queries(sites, site_pos, [src.pos for src in sources], state)
         values = [src.value if src.value is not None else src.key for src in sources]
         projected = any(src.value is not None for src in sources)
+        scaled = any(src.scale != 1.0 for src in sources)
         return attend([src.key for src in sources], u, [src.rs for src in sources],
                       values=values if projected else None, bias=bias, per_token=bool(self.spec.query_rank),
-                      prior=prior, scales=[src.scale for src in sources],
-                      value_scales=[1.0 if src.value is not None else src.scale for src in sources])
+                      prior=prior, scales=[src.scale for src in sources] if scaled else None,
+                      value_scales=[1.0 if src.value is not None else src.scale for src in sources] if scaled else None)
 
     def _scale(self, count: int) -> float:
         """A block's representation is its outputs' sum times this (1/count for a mean)."""
@@ -226,6 +226,13 @@ class DepthAttention(nn.Module):
                     total, count = None, 0
             i = end
         raise AssertionError("unreachable")
+
+
+def _rows(t: Tensor, idx: list[int]) -> Tensor:
+    """``t[idx]``, as a view when the indices are consecutive (no index tensor to build)."""
+    if idx == list(range(idx[0], idx[0] + len(idx))):
+        return t[idx[0]:idx[0] + len(idx)]
+    return t[idx]
 
 
 RESIDUALS: dict[str, type[nn.Module]] = {"standard": StandardResidual, "depth": DepthAttention}

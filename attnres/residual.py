@@ -205,14 +205,13 @@ class DepthAttention(nn.Module):
                 with torch.autocast(dev, enabled=False):
                     if len(sites) == 1:  # nothing to share: one call over all of the site's sources
                         (x,), _, w = self._attend(shared + own, sites, site_pos, state)
-                        w = w[:, :, 0]
                     elif own:  # merge the site's own sources into its shared result
-                        (x,), _, w_own = self._attend(own, [site], site_pos, state, prior=(outs[j], lses[:, j]))
-                        w = torch.cat([w_own[:, :1, 0] * weights[:, :, j], w_own[:, 1:, 0]], 1)
+                        (x,), _, w = self._attend(own, [site], site_pos, state, prior=(outs[j], lses[:, j]))
                     else:
-                        x, w = outs[j], weights[:, :, j]
+                        x, w = outs[j], None
                 if self.record:
-                    self._record(site, shared + own, w, shape)
+                    self._record(site, shared + own, _site_weights(w, weights[:, :, j] if len(sites) > 1 else None),
+                                 shape)
                 if site == self.n_steps:
                     return x.view(shape)
                 v = steps[site](x.view(shape)).reshape(-1, shape[-1])
@@ -226,6 +225,15 @@ class DepthAttention(nn.Module):
                     total, count = None, 0
             i = end
         raise AssertionError("unreachable")
+
+
+def _site_weights(w: Tensor | None, shared: Tensor | None) -> Tensor:
+    """A site's (N, sources) weights from its calls: a merge's prior weight spreads over the shared ones."""
+    if shared is None:
+        return w[:, :, 0]
+    if w is None:
+        return shared
+    return torch.cat([w[:, :1, 0] * shared, w[:, 1:, 0]], 1)
 
 
 def _rows(t: Tensor, idx: list[int]) -> Tensor:

@@ -13,6 +13,7 @@ from sqlalchemy import insert
 from attnres.data.corpus import builtin_documents
 from attnres.data.prepare import Source, prepare
 from attnres.data.tokenizer import get_encoding
+from attnres.errors import AttnresError
 
 
 def bench_data(megabytes: float = 8.0, threads: int | None = None) -> dict[str, float]:
@@ -83,6 +84,8 @@ def synthetic_db(url: str, runs: int = 200, steps: int = 6000, variants: int = 1
 
 def bench_report(runs: int = 200, steps: int = 6000) -> dict[str, float]:
     """Time `attnres report` (without figures, then with) over a synthetic database."""
+    if runs < 1 or steps < 1:
+        raise AttnresError(f"--runs and --steps must be at least 1 (got {runs}, {steps})")
     from attnres.reporting import write_report
     from attnres.tracking.db import get_engine
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from attnres.errors import AttnresError
 from attnres.model import GPT
 from attnres.variants import canonical, resolve_run
 
@@ -94,8 +95,13 @@ def bench_models(variants: list[str], preset: str = "bench", steps: int = 10, wa
                  overrides: list[str] | None = None, device: str | None = None,
                  progress: Callable[[str], None] | None = None) -> list[dict[str, object]]:
     """Train ``standard`` and each variant for ``warmup + steps`` interleaved steps; one row each."""
+    if steps < 1 or warmup < 0:
+        raise AttnresError(f"--steps must be at least 1 and --warmup at least 0 (got {steps}, {warmup})")
     names = ["standard", *[n for n in dict.fromkeys(canonical(v) for v in variants) if n != "standard"]]
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in {"cpu", "cuda"} or (device == "cuda" and not torch.cuda.is_available()):
+        raise AttnresError(f"--device {device}: choose cpu, or cuda on a machine with a CUDA GPU")
+    dev = torch.device(device)
     contenders = []
     for name in names:
         cfg = resolve_run(name, preset, 0, overrides)

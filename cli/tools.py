@@ -61,7 +61,7 @@ def bench(
 
     kind = target[0] if target else "variants"
     if kind in {"data", "report"}:
-        result = B.bench_data(megabytes) if kind == "data" else B.bench_report(runs, steps or 6000)
+        result = B.bench_data(megabytes) if kind == "data" else B.bench_report(runs, 6000 if steps is None else steps)
         if json_out:
             console.print_json(json.dumps(result))
             return
@@ -78,14 +78,14 @@ def bench(
     with Progress(TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
                   disable=json_out, transient=True) as bar:
         task = bar.add_task("building models")
-        rows = bench_models(names, preset, steps or 10, warmup, set_, device,
+        rows = bench_models(names, preset, 10 if steps is None else steps, warmup, set_, device,
                             progress=lambda msg: bar.update(task, description=msg))
     if json_out:
         console.print_json(json.dumps(rows))
         return
     r0 = rows[0]
     table = Table(title=f"attnres bench at {preset}: {r0['device']}, {r0['tokens_per_step']:,} tokens/step, "
-                        f"median of {steps or 10} paired steps")
+                        f"median of {10 if steps is None else steps} paired steps")
     for col in ["variant", "shape", "tokens/s", "vs standard", "IQR", "peak step memory", "saved B/token",
                 "vs standard ", "meets"]:
         table.add_column(col, justify="left" if col == "variant" else "right", no_wrap=True)

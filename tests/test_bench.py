@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import attnres
 
 
@@ -23,6 +24,17 @@ def test_bench_report_builds_a_report_over_a_synthetic_database(workdir):
 def test_unknown_benchmark_is_one_clear_line(workdir):
     proc = attnres("bench", "nosuch")
     assert proc.returncode == 2 and "unknown variant 'nosuch'" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args,message", [
+    (["control_block", "--steps", "0"], "--steps must be at least 1"),
+    (["control_block", "--device", "tpu"], "--device tpu: choose cpu"),
+    (["report", "--steps", "0"], "--runs and --steps must be at least 1"),
+])
+def test_bad_bench_settings_are_one_clear_line(workdir, args, message):
+    proc = attnres("bench", *args, "--preset", "tiny")
+    assert proc.returncode == 2 and message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
 

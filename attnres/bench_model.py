@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from attnres import cpu_kernel
 from attnres.errors import AttnresError
 from attnres.model import GPT
 from attnres.variants import canonical, resolve_run
@@ -143,6 +144,7 @@ def bench_models(variants: list[str], preset: str = "bench", steps: int = 10, wa
                 ratios[c.name].append((prev + nxt) / 2 / dt)
             prev = nxt
     tokens = batch * seq
+    path = cpu_kernel.status() if dev.type == "cpu" else "pytorch"
     rows = []
     for c in contenders:
         tps = tokens / statistics.median(c.times)
@@ -152,7 +154,7 @@ def bench_models(variants: list[str], preset: str = "bench", steps: int = 10, wa
         speed_target, mem_target = TARGETS.get(c.name, (None, None))
         mem_ratio = saved[c.name] / saved[base.name]
         rows.append({
-            "variant": c.name, "preset": preset, "device": str(dev), "tokens_per_step": tokens,
+            "variant": c.name, "preset": preset, "device": str(dev), "depth_kernel": path, "tokens_per_step": tokens,
             "n_layer": c.model.cfg.n_layer, "d_model": c.model.cfg.d_model,
             "step_ms": 1e3 * statistics.median(c.times),
             "step_ms_min": 1e3 * min(c.times), "step_ms_max": 1e3 * max(c.times),

@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnres import cpu_kernel
+
 
 def rms_rsqrt(x: Tensor, eps: float, scale: float = 1.0) -> Tensor:
     """``1 / sqrt(mean((scale * x)^2) + eps)`` over the last dim, in float32 or wider, without autograd."""
@@ -60,6 +62,12 @@ class _Attend(torch.autograd.Function):
         cdt = rs.dtype
         n_sites = 1 if per_token else u.shape[1]
         iu = [k if u.shape[0] > 1 else 0 for k in range(n)]
+        ctx.n, ctx.per_token, ctx.has_values, ctx.off, ctx.iu = n, per_token, has_values, int(prior is not None), iu
+        ctx.scales = scales
+        ctx.has_bias = bias is not None
+        ctx.fused = cpu_kernel.kernel([u, rs, *flat, *(t for t in (bias, prior, prior_lse) if t is not None)])
+        if ctx.fused is not None:
+            return _forward_c(ctx, u, rs, bias, prior, prior_lse, keys, values, n_sites)
         if per_token:
             dots = torch.stack([torch.linalg.vecdot(key, u[i].to(key.dtype)) for key, i in zip(keys, iu, strict=True)],
                                1)[:, :, None]
@@ -81,9 +89,6 @@ class _Attend(torch.autograd.Function):
         for k in range(1 - off, n):  # each source read once for all sites
             for s, o in enumerate(outs):
                 o.addcmul_(values[k], wv[:, off + k, s, None])
-        ctx.n, ctx.per_token, ctx.has_values, ctx.off, ctx.iu = n, per_token, has_values, off, iu
-        ctx.scales = scales
-        ctx.has_bias = bias is not None
         ctx.save_for_backward(u, rs, w, dots, *keys, *(values if has_values else ()),
                               *(outs if prior is not None else ()))
         ctx.mark_non_differentiable(w)
@@ -91,6 +96,8 @@ class _Attend(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
+        if ctx.fused is not None:
+            return _backward_c(ctx, grads)
         n, off, iu = ctx.n, ctx.off, ctx.iu
         u, rs, w, dots, *rest = ctx.saved_tensors
         m = 2 * n if ctx.has_values else n
@@ -156,6 +163,56 @@ class _Attend(torch.autograd.Function):
             if ctx.has_values:
                 d_values.append(dv)
         return (None, None, None, None, d_u, None, d_bias, d_prior, d_prior_lse, *d_keys, *d_values)
+
+
+def _forward_c(ctx: Any, u: Tensor, rs: Tensor, bias: Tensor | None, prior: Tensor | None,
+               prior_lse: Tensor | None, keys: Sequence[Tensor], values: Sequence[Tensor],
+               n_sites: int) -> tuple[Tensor, ...]:
+    """:class:`_Attend`'s forward in the C kernel; saves the same tensors as the PyTorch path."""
+    n, (big_n, d) = len(keys), keys[0].shape
+    keys, values = [k.contiguous() for k in keys], [v.contiguous() for v in values]
+    u, rs, dt = u.contiguous(), rs.contiguous(), keys[0].dtype
+    # converted copies are kept in locals: the C call reads them after this line
+    bias, prior, prior_lse, ks, vs = (_c(t, dt) for t in (bias, prior, prior_lse, *_scale_tensors(ctx.scales, rs)))
+    outs = [torch.empty_like(keys[0]) for _ in range(n_sites)]
+    lse = rs.new_empty(big_n, n_sites)
+    w = rs.new_empty(big_n, n + ctx.off, n_sites)
+    dots = rs.new_empty(big_n, n, n_sites)
+    p, ps = cpu_kernel.ptr, cpu_kernel.ptrs
+    ctx.fused[0](big_n, d, n, n_sites, u.shape[0], int(ctx.per_token), ps(keys), ps(values), p(u), p(rs), p(bias),
+                 p(ks), p(vs), p(prior), p(prior_lse), ps(outs), p(lse), p(w), p(dots))
+    ctx.save_for_backward(u, rs, w, dots, *keys, *(values if ctx.has_values else ()), *(outs if ctx.off else ()))
+    ctx.mark_non_differentiable(w)
+    return (*outs, lse, w)
+
+
+def _backward_c(ctx: Any, grads: Sequence[Tensor | None]) -> tuple[Tensor | None, ...]:
+    """:class:`_Attend`'s backward in the C kernel."""
+    n, off = ctx.n, ctx.off
+    u, rs, w, dots, *rest = ctx.saved_tensors
+    m = 2 * n if ctx.has_values else n
+    keys = rest[:n]
+    values, outs = (rest[n:m] if ctx.has_values else keys), rest[m:]
+    n_sites, (big_n, d), dt = w.shape[2], keys[0].shape, keys[0].dtype
+    g_out = [_c(g, dt) for g in grads[:n_sites]]
+    g_lse = _c(grads[n_sites], dt)
+    ks, vs = (_c(t, dt) for t in _scale_tensors(ctx.scales, rs))
+    d_keys = [torch.empty_like(k) for k in keys]
+    d_values = [torch.empty_like(v) for v in values] if ctx.has_values else []
+    d_u = torch.zeros_like(u)
+    d_bias = rs.new_zeros(n, n_sites) if ctx.has_bias else None
+    d_prior = torch.empty_like(outs[0]) if off else None
+    d_prior_lse = rs.new_empty(big_n) if off else None
+    p, ps = cpu_kernel.ptr, cpu_kernel.ptrs
+    ctx.fused[1](big_n, d, n, n_sites, u.shape[0], int(ctx.per_token), int(ctx.has_values), ps(keys), ps(values),
+                 p(u), p(rs), p(ks), p(vs), p(w), p(dots), off, ps(list(outs) or [None]), ps(g_out), p(g_lse),
+                 ps(d_keys), ps(d_values or [None]), p(d_u), p(d_bias), p(d_prior), p(d_prior_lse))
+    return (None, None, None, None, d_u, None, d_bias, d_prior, d_prior_lse, *d_keys, *d_values)
+
+
+def _c(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """``t`` as a contiguous tensor of ``dtype`` (flattened scales), for the C kernel."""
+    return None if t is None else t.to(dtype).contiguous()
 
 
 def attend(keys: Sequence[Tensor], u: Tensor, rs: Sequence[Tensor], *, values: Sequence[Tensor] | None = None,

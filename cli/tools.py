@@ -85,7 +85,8 @@ def bench(
         return
     r0 = rows[0]
     table = Table(title=f"attnres bench at {preset}: {r0['device']}, {r0['tokens_per_step']:,} tokens/step, "
-                        f"median of {10 if steps is None else steps} paired steps")
+                        f"median of {10 if steps is None else steps} paired steps, "
+                        f"depth attention: {r0['depth_kernel']}")
     for col in ["variant", "shape", "tokens/s", "vs standard", "IQR", "peak step memory", "saved B/token",
                 "vs standard ", "meets"]:
         table.add_column(col, justify="left" if col == "variant" else "right", no_wrap=True)

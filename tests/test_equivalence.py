@@ -11,6 +11,7 @@ import pytest
 import torch
 from reference_depth import reference_forward
 
+from attnres import cpu_kernel, depth_attend
 from attnres.residual import DepthAttention
 from attnres.variants import VARIANTS
 
@@ -39,9 +40,22 @@ def grads_of(out: torch.Tensor, leaves: list[torch.Tensor]) -> list[torch.Tensor
     return list(torch.autograd.grad((out * probe).sum(), leaves, allow_unused=True))
 
 
+@pytest.fixture(params=["c", "pytorch"])
+def path(request, monkeypatch):
+    """Both implementations of the kernel: the C one (built here with the system compiler) and PyTorch's."""
+    if request.param == "pytorch":
+        monkeypatch.setenv("ATTNRES_CPU_KERNEL", "0")
+    else:
+        monkeypatch.delenv("ATTNRES_CPU_KERNEL", raising=False)
+        if cpu_kernel._compiler() is None:
+            pytest.skip("no C compiler on this machine")
+        assert cpu_kernel.kernel([torch.zeros(1, dtype=torch.float64)]) is not None, "the C kernel did not build"
+    return request.param
+
+
 @pytest.mark.parametrize("name", DEPTH)
 @pytest.mark.parametrize("n_steps", [7, 9])
-def test_kernel_matches_the_plain_reference_forward_and_gradients(name, n_steps):
+def test_kernel_matches_the_plain_reference_forward_and_gradients(name, n_steps, path):
     res, emb, weights, steps = build(name, n_steps, d=8, seed=n_steps)
     leaves = [emb, *weights, *res.parameters()]
     fast = res(emb, steps)
@@ -52,6 +66,42 @@ def test_kernel_matches_the_plain_reference_forward_and_gradients(name, n_steps)
         assert (g_fast is None) == (g_ref is None), label
         if g_ref is not None:
             assert rel_err(g_fast, g_ref) < 1e-6, label
+
+
+def test_the_c_kernel_runs_when_enabled_and_not_when_disabled(monkeypatch):
+    """The C path is really taken (its backward node differs in nothing visible, so count calls)."""
+    if cpu_kernel._compiler() is None:
+        pytest.skip("no C compiler on this machine")
+    monkeypatch.delenv("ATTNRES_CPU_KERNEL", raising=False)
+    calls = []
+    real = depth_attend._forward_c
+    monkeypatch.setattr(depth_attend, "_forward_c", lambda *a: calls.append(1) or real(*a))
+    res, emb, _, steps = build("attnres_paper", 7, d=8, seed=1)
+    res(emb, steps).sum().backward()
+    assert calls
+    calls.clear()
+    monkeypatch.setenv("ATTNRES_CPU_KERNEL", "0")
+    res(emb, steps)
+    assert not calls
+
+
+def test_a_failed_build_falls_back_to_pytorch_with_one_warning(tmp_path, monkeypatch, caplog):
+    """No working compiler: one warning, and depth attention still trains (the PyTorch path)."""
+    monkeypatch.delenv("ATTNRES_CPU_KERNEL", raising=False)
+    monkeypatch.setenv("ATTNRES_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    cpu_kernel._load.cache_clear()
+    cpu_kernel._warn_once.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="attnres.cpu_kernel"):
+            assert cpu_kernel.kernel([torch.zeros(1)]) is None
+            res, emb, _, steps = build("control_block", 7, d=8, seed=2)
+            out = res(emb, steps)
+            assert rel_err(out, reference_forward(res, emb, steps)) < 1e-6
+        assert len([r for r in caplog.records if "PyTorch path" in r.getMessage()]) == 1
+        assert "pytorch" in cpu_kernel.status()
+    finally:
+        cpu_kernel._load.cache_clear()
 
 
 def test_the_reference_is_not_trivially_equal_when_parameters_differ():

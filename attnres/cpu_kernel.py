@@ -103,8 +103,17 @@ def _load(dtype: torch.dtype) -> tuple[object, object] | None:
         _warn_once(f"depth-attention CPU kernel not built ({why}): using the PyTorch path")
         return None
     fwd, bwd = getattr(lib, f"attend_fwd_{suffix}"), getattr(lib, f"attend_bwd_{suffix}")
-    fwd.argtypes, fwd.restype, bwd.argtypes, bwd.restype = _FWD, None, _BWD, None
+    fwd.argtypes, bwd.argtypes = _FWD, _BWD
+    fwd.restype = bwd.restype = ctypes.c_int
+    fwd.errcheck = bwd.errcheck = _check
     return fwd, bwd
+
+
+def _check(result: int, func: object, args: tuple) -> int:
+    """The kernels return non-zero only when their scratch memory could not be allocated."""
+    if result:
+        raise MemoryError("depth-attention CPU kernel: out of memory for its scratch buffers")
+    return result
 
 
 def kernel(tensors: list[Tensor]) -> tuple[object, object] | None:

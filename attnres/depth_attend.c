@@ -58,15 +58,18 @@ static inline const T *FN(qrow)(const T *u, int nu, int k, int s, i64 t, int S, 
     return per_token ? u + (i * N + t) * D : u + (i * S + s) * D;
 }
 
-void FN(attend_fwd)(i64 N, i64 D, int n, int S, int nu, int per_token, const T *const *keys,
+int FN(attend_fwd)(i64 N, i64 D, int n, int S, int nu, int per_token, const T *const *keys,
                     const T *const *values, const T *u, const T *rs, const T *bias, const T *ks,
                     const T *vs, const T *prior, const T *prior_lse, T *const *outs, T *lse, T *w,
                     T *dots) {
     const int off = prior != NULL, m = n + off;
+    const i64 per = (i64)TILE * m * S; /* logits of a tile's tokens: [token][prior?, sources][site] */
+    double *scratch = malloc((size_t)omp_get_max_threads() * per * sizeof(double));
+    if (!scratch) return 1;
 #pragma omp parallel for schedule(static)
     for (i64 t0 = 0; t0 < N; t0 += TILE) {
         const i64 t1 = t0 + TILE < N ? t0 + TILE : N;
-        double lg[TILE * m * S]; /* logits of the tile's tokens: [token][prior?, sources][site] */
+        double *lg = scratch + omp_get_thread_num() * per;
         for (int k = 0; k < n; k++)
             for (i64 t = t0; t < t1; t++)
                 for (int s = 0; s < S; s++) {
@@ -97,12 +100,14 @@ void FN(attend_fwd)(i64 N, i64 D, int n, int S, int nu, int per_token, const T *
                     FN(axpy)(outs[s] + t * D, w[(t * m + off + k) * S + s] * (vs ? vs[k] : 1), values[k] + t * D, D);
         }
     }
+    free(scratch);
+    return 0;
 }
 
 /* Gradients. d_u and d_bias are accumulated (the caller zeroes them); every other output is
  * overwritten. g_out[s] may be NULL (no gradient reached that output), and so may g_lse.
  * With has_values == 0, d_values is unused and the value gradient goes into d_keys. */
-void FN(attend_bwd)(i64 N, i64 D, int n, int S, int nu, int per_token, int has_values,
+int FN(attend_bwd)(i64 N, i64 D, int n, int S, int nu, int per_token, int has_values,
                     const T *const *keys, const T *const *values, const T *u, const T *rs,
                     const T *ks, const T *vs, const T *w, const T *dots, int off,
                     const T *const *outs, const T *const *g_out, const T *g_lse, T *const *d_keys,
@@ -114,13 +119,21 @@ void FN(attend_bwd)(i64 N, i64 D, int n, int S, int nu, int per_token, int has_v
      * so results do not depend on which thread finishes first */
     T *uacc = usz ? calloc((size_t)nth * usz, sizeof(T)) : NULL;
     double *bacc = d_bias ? calloc((size_t)nth * n * S, sizeof(double)) : NULL;
+    /* per tile token: value . gradient, d logit, and out . gradient (total) / the sources' share */
+    const i64 per = 2 * (i64)TILE * n * S + 2 * (i64)TILE * S;
+    double *scratch = malloc((size_t)nth * per * sizeof(double));
+    if (!scratch || (usz && !uacc) || (d_bias && !bacc)) {
+        free(uacc);
+        free(bacc);
+        free(scratch);
+        return 1;
+    }
 #pragma omp parallel
     {
         const int th = omp_get_thread_num();
         T *myu = uacc ? uacc + th * usz : NULL;
         double *myb = bacc ? bacc + (i64)th * n * S : NULL;
-        /* per tile token: value . gradient, d logit, and out . gradient (total) / the sources' share */
-        double gv[TILE * n * S], dl[TILE * n * S], tot[TILE * S], part[TILE * S];
+        double *gv = scratch + th * per, *dl = gv + TILE * n * S, *tot = dl + TILE * n * S, *part = tot + TILE * S;
 #pragma omp for schedule(static)
         for (i64 t0 = 0; t0 < N; t0 += TILE) {
             const i64 t1 = t0 + TILE < N ? t0 + TILE : N;
@@ -189,4 +202,6 @@ void FN(attend_bwd)(i64 N, i64 D, int n, int S, int nu, int per_token, int has_v
     }
     free(uacc);
     free(bacc);
+    free(scratch);
+    return 0;
 }

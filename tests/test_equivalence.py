@@ -53,8 +53,8 @@ def path(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize("name", DEPTH)
-@pytest.mark.parametrize("n_steps", [7, 9])
+@pytest.mark.parametrize("name,n_steps", [*((n, s) for n in DEPTH for s in (7, 9)),
+                                          ("full_attnres", 40), ("attnres_paper", 40)])  # many sources
 def test_kernel_matches_the_plain_reference_forward_and_gradients(name, n_steps, path):
     res, emb, weights, steps = build(name, n_steps, d=8, seed=n_steps)
     leaves = [emb, *weights, *res.parameters()]

@@ -52,10 +52,11 @@ static inline void FN(scale)(T *restrict y, T a, const T *restrict x, i64 D) {
     for (i64 d = 0; d < D; d++) y[d] = a * x[d];
 }
 
-/* The effective query of source k for site s (or token t, per_token). */
-static inline const T *FN(qrow)(const T *u, int nu, int k, int s, i64 t, int S, i64 N, i64 D, int per_token) {
+/* Offset of the query row of source k for site s (or token t, per_token) in u, and of its
+ * gradient row in d_u (or in a thread's partial sum of d_u). */
+static inline i64 FN(qrow)(int nu, int k, int s, i64 t, int S, i64 N, i64 D, int per_token) {
     i64 i = nu > 1 ? k : 0;
-    return per_token ? u + (i * N + t) * D : u + (i * S + s) * D;
+    return per_token ? (i * N + t) * D : (i * S + s) * D;
 }
 
 int FN(attend_fwd)(i64 N, i64 D, int n, int S, int nu, int per_token, const T *const *keys,
@@ -73,7 +74,7 @@ int FN(attend_fwd)(i64 N, i64 D, int n, int S, int nu, int per_token, const T *c
         for (int k = 0; k < n; k++)
             for (i64 t = t0; t < t1; t++)
                 for (int s = 0; s < S; s++) {
-                    T dt = FN(dot)(keys[k] + t * D, FN(qrow)(u, nu, k, s, t, S, N, D, per_token), D);
+                    T dt = FN(dot)(keys[k] + t * D, u + FN(qrow)(nu, k, s, t, S, N, D, per_token), D);
                     if (ks) dt *= ks[k];
                     dots[(t * n + k) * S + s] = dt;
                     lg[((t - t0) * m + off + k) * S + s] = (double)dt * rs[t * n + k] + (bias ? bias[k * S + s] : 0.0);
@@ -187,9 +188,9 @@ int FN(attend_bwd)(i64 N, i64 D, int n, int S, int nu, int per_token, int has_va
                     else FN(axpy)(dk, (T)coef, K, D);
                     for (int s = 0; s < S; s++) {
                         const T alpha = (T)(dlt[s] * r * c);
-                        FN(axpy)(dk, alpha, FN(qrow)(u, nu, k, s, t, S, N, D, per_token), D);
-                        if (per_token) FN(axpy)(d_u + ((i64)(nu > 1 ? k : 0) * N + t) * D, alpha, K, D);
-                        else FN(axpy)(myu + ((i64)(nu > 1 ? k : 0) * S + s) * D, alpha, K, D);
+                        const i64 q = FN(qrow)(nu, k, s, t, S, N, D, per_token);
+                        FN(axpy)(dk, alpha, u + q, D);
+                        FN(axpy)((per_token ? d_u : myu) + q, alpha, K, D);
                     }
                 }
             }

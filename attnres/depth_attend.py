@@ -88,27 +88,21 @@ class _Attend(torch.autograd.Function):
             logits = torch.cat([prior_lse.to(cdt)[:, None, None], logits], 1)
         lse = torch.logsumexp(logits, 1)  # (N, S)
         w = torch.exp(logits - lse[:, None])  # (N, m, S), m = n (+1 with a prior, first)
-        off = 1 if prior is not None else 0
+        off = ctx.off
         wv = (w if vs is None else torch.cat([w[:, :off], w[:, off:] * vs], 1)).to(values[0].dtype)
         outs = [prior * wv[:, 0, s, None] if prior is not None else values[0] * wv[:, 0, s, None]
                 for s in range(n_sites)]
         for k in range(1 - off, n):  # each source read once for all sites
             for s, o in enumerate(outs):
                 o.addcmul_(values[k], wv[:, off + k, s, None])
-        ctx.save_for_backward(u, rs, w, dots, *keys, *(values if has_values else ()),
-                              *(outs if prior is not None else ()))
-        ctx.mark_non_differentiable(w)
-        return (*outs, lse, w)
+        return _save(ctx, u, rs, w, dots, keys, values, outs, lse)
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
         if ctx.fused is not None:
             return _backward_c(ctx, grads)
         n, off, iu = ctx.n, ctx.off, ctx.iu
-        u, rs, w, dots, *rest = ctx.saved_tensors
-        m = 2 * n if ctx.has_values else n
-        keys = rest[:n]
-        values, outs = (rest[n:m] if ctx.has_values else keys), rest[m:]
+        u, rs, w, dots, keys, values, outs = _saved(ctx)
         n_sites = w.shape[2]
         g_out = [g if g is not None else torch.zeros_like(values[0]) for g in grads[:n_sites]]
         g_lse = grads[n_sites]
@@ -187,18 +181,13 @@ def _forward_c(ctx: Any, u: Tensor, rs: Tensor, bias: Tensor | None, prior: Tens
     p, ps = cpu_kernel.ptr, cpu_kernel.ptrs
     ctx.fused[0](big_n, d, n, n_sites, u.shape[0], int(ctx.per_token), ps(keys), ps(values), p(u), p(rs), p(bias),
                  p(ks), p(vs), p(prior), p(prior_lse), ps(outs), p(lse), p(w), p(dots))
-    ctx.save_for_backward(u, rs, w, dots, *keys, *(values if ctx.has_values else ()), *(outs if ctx.off else ()))
-    ctx.mark_non_differentiable(w)
-    return (*outs, lse, w)
+    return _save(ctx, u, rs, w, dots, keys, values, outs, lse)
 
 
 def _backward_c(ctx: Any, grads: Sequence[Tensor | None]) -> tuple[Tensor | None, ...]:
     """:class:`_Attend`'s backward in the C kernel."""
     n, off = ctx.n, ctx.off
-    u, rs, w, dots, *rest = ctx.saved_tensors
-    m = 2 * n if ctx.has_values else n
-    keys = rest[:n]
-    values, outs = (rest[n:m] if ctx.has_values else keys), rest[m:]
+    u, rs, w, dots, keys, values, outs = _saved(ctx)
     n_sites, (big_n, d), dt = w.shape[2], keys[0].shape, keys[0].dtype
     g_out = [_c(g, dt) for g in grads[:n_sites]]
     g_lse = _c(grads[n_sites], dt)
@@ -216,8 +205,24 @@ def _backward_c(ctx: Any, grads: Sequence[Tensor | None]) -> tuple[Tensor | None
     return (None, None, None, None, d_u, None, d_bias, d_prior, d_prior_lse, *d_keys, *d_values)
 
 
+def _save(ctx: Any, u: Tensor, rs: Tensor, w: Tensor, dots: Tensor, keys: Sequence[Tensor],
+          values: Sequence[Tensor], outs: list[Tensor], lse: Tensor) -> tuple[Tensor, ...]:
+    """Save what either backward reads (the same tensors on both paths); return the outputs."""
+    ctx.save_for_backward(u, rs, w, dots, *keys, *(values if ctx.has_values else ()), *(outs if ctx.off else ()))
+    ctx.mark_non_differentiable(w)
+    return (*outs, lse, w)
+
+
+def _saved(ctx: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Sequence[Tensor], Sequence[Tensor], Sequence[Tensor]]:
+    """What :func:`_save` saved: (u, rs, w, dots, keys, values, outs of a merge)."""
+    u, rs, w, dots, *rest = ctx.saved_tensors
+    n, m = ctx.n, 2 * ctx.n if ctx.has_values else ctx.n
+    keys = rest[:n]
+    return u, rs, w, dots, keys, (rest[n:m] if ctx.has_values else keys), rest[m:]
+
+
 def _c(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
-    """``t`` as a contiguous tensor of ``dtype`` (flattened scales), for the C kernel."""
+    """``t`` as a contiguous tensor of ``dtype``, for the C kernel (scales (1, n, 1) are read as (n,))."""
     return None if t is None else t.to(dtype).contiguous()
 
 

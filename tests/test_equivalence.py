@@ -102,6 +102,7 @@ def test_a_failed_build_falls_back_to_pytorch_with_one_warning(tmp_path, monkeyp
         assert "pytorch" in cpu_kernel.status()
     finally:
         cpu_kernel._load.cache_clear()
+        cpu_kernel._warn_once.cache_clear()
 
 
 def test_the_reference_is_not_trivially_equal_when_parameters_differ():

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from attnres import cpu_kernel
 from attnres.errors import AttnresError
 from attnres.model import GPT
+from attnres.optim import build_optimizer
 from attnres.variants import canonical, resolve_run
 
 #: The issue's targets: (tokens/s ratio to standard, saved-activation ratio to standard).
@@ -108,7 +109,8 @@ def bench_models(variants: list[str], preset: str = "bench", steps: int = 10, wa
         cfg = resolve_run(name, preset, 0, overrides)
         torch.manual_seed(0)
         model = GPT(cfg.model).to(dev)
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, fused=dev.type == "cuda")
+        opt = build_optimizer(model, cfg.train.lr, cfg.train.weight_decay, (cfg.train.beta1, cfg.train.beta2),
+                              fused=dev.type == "cuda")
         contenders.append(Contender(name, model, opt, []))
     batch, seq = cfg.train.batch_size, cfg.model.seq_len
     gen = torch.Generator().manual_seed(0)

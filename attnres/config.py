@@ -100,7 +100,11 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything that determines a run's result: recorded with the run, hashed for de-dup."""
+    """Everything that determines a run's result: recorded with the run, hashed for de-dup.
+
+    ``revision`` is the variant's revision in the registry when the run was made: a change of what
+    a variant trains (not of its config) bumps it, so runs from before are different cells.
+    """
 
     variant: str
     preset: str
@@ -108,9 +112,13 @@ class RunConfig:
     model: ModelConfig
     train: TrainConfig
     data: str = "builtin"
+    revision: int = 1
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        d = dataclasses.asdict(self)
+        if d["revision"] == 1:  # runs recorded before revisions existed keep their hash
+            del d["revision"]
+        return json.dumps(d, sort_keys=True)
 
     @property
     def config_hash(self) -> str:
@@ -122,7 +130,7 @@ class RunConfig:
         model["residual"] = ResidualSpec(**model["residual"])
         return cls(
             variant=d["variant"], preset=d["preset"], seed=d["seed"], data=d.get("data", "builtin"),
-            model=ModelConfig(**model), train=TrainConfig(**d["train"]),
+            model=ModelConfig(**model), train=TrainConfig(**d["train"]), revision=d.get("revision", 1),
         )
 
 
@@ -134,6 +142,7 @@ class Preset:
     description: str
     model: ModelConfig
     train: TrainConfig
+    deepened_from: str | None = None  # a deep shape of this preset: deep_* variants must not deepen it again
 
 
 PRESETS: dict[str, Preset] = {
@@ -163,10 +172,12 @@ PRESETS: dict[str, Preset] = {
                         eval_batches=40, log_every=10, checkpoint_every=1000),
         ),
         Preset(
-            "deep48", "the results document's 48L d1080 model (same parameters as paper500m)",
+            "deep48", "the results document's 48L d1080 model (same parameters as paper500m), for "
+            "shallow variants at that shape; the deep_* variants reach it from paper500m",
             ModelConfig(n_layer=48, d_model=1080, n_head=12, seq_len=1024, mlp_multiple_of=256),
             TrainConfig(steps=19073, batch_size=16, lr=6e-4, warmup=700, eval_every=250,
                         eval_batches=40, log_every=10, checkpoint_every=1000),
+            deepened_from="paper500m",
         ),
     ]
 }

@@ -21,8 +21,9 @@ blocks), so the statistics and logits of the shared sources are computed once. A
 (partial block, window) are merged afterwards with an online-softmax update: its earlier result
 enters as a *prior* with log-sum-exp ``lse``.
 
-Two implementations compute the forward and backward: PyTorch ops (any device and dtype mix, e.g.
-bf16 sources under autocast on a GPU), and on CPU, for float32 and float64, a fused C kernel
+Two implementations compute the forward and backward: PyTorch ops (any device; logits, softmax and
+the mix in float32 or wider whatever the sources' dtype, though under autocast the residual module
+hands it float32 sources anyway), and on CPU, for float32 and float64, a fused C kernel
 (``depth_attend.c``, built by :mod:`attnres.cpu_kernel`). Eager PyTorch makes about ten passes over
 a (tokens x d_model) tensor per (site, source) pair; the C kernel reads each source once per call,
 a tile of tokens at a time. Both save the same tensors and are checked against the same reference.
@@ -74,13 +75,13 @@ class _Attend(torch.autograd.Function):
         ctx.fused = cpu_kernel.kernel([u, rs, *flat, *(t for t in (bias, prior, prior_lse) if t is not None)])
         if ctx.fused is not None:
             return _forward_c(ctx, u, rs, bias, prior, prior_lse, keys, values, n_sites)
-        if per_token:
-            dots = torch.stack([torch.linalg.vecdot(key, u[i].to(key.dtype)) for key, i in zip(keys, iu, strict=True)],
-                               1)[:, :, None]
-        else:
-            dots = torch.stack([F.linear(key, u[i].to(key.dtype)) for key, i in zip(keys, iu, strict=True)], 1)
+        # logits in the statistics' dtype (float32 or wider) even for bf16 sources: a logit rounded to
+        # bf16 is off by up to 0.4 % of its size, an error in the softmax's exponent that grows with it
+        dot = torch.linalg.vecdot if per_token else F.linear  # a key's cdt copy lives for one dot only
+        dots = torch.stack([dot(key.to(cdt), u[i].to(cdt)) for key, i in zip(keys, iu, strict=True)], 1)
+        dots = dots[:, :, None] if per_token else dots
         ks, vs = _scale_tensors(scales, rs)
-        dots = dots.to(cdt) if ks is None else dots.to(cdt) * ks  # (N, n, S): K . u, before the norm
+        dots = dots if ks is None else dots * ks  # (N, n, S): K . u, before the norm
         logits = dots * rs[:, :, None]
         if bias is not None:
             logits = logits + bias.to(cdt)
@@ -89,7 +90,8 @@ class _Attend(torch.autograd.Function):
         lse = torch.logsumexp(logits, 1)  # (N, S)
         w = torch.exp(logits - lse[:, None])  # (N, m, S), m = n (+1 with a prior, first)
         off = ctx.off
-        wv = (w if vs is None else torch.cat([w[:, :off], w[:, off:] * vs], 1)).to(values[0].dtype)
+        # the weights stay in cdt, so the mix accumulates in float32 (or wider) whatever the sources' dtype
+        wv = w if vs is None else torch.cat([w[:, :off], w[:, off:] * vs], 1)
         outs = [prior * wv[:, 0, s, None] if prior is not None else values[0] * wv[:, 0, s, None]
                 for s in range(n_sites)]
         for k in range(1 - off, n):  # each source read once for all sites
@@ -139,7 +141,7 @@ class _Attend(torch.autograd.Function):
         coef = -(d_logit * dots).sum(2) * rs.pow(3) / keys[0].shape[-1]  # (N, n)
         if ks is not None:
             alpha, coef = alpha * ks, coef * ks[:, :, 0].pow(2)
-        wv = (wk if vs is None else wk * vs).to(g_out[0].dtype)
+        wv = wk if vs is None else wk * vs
         d_u = torch.zeros_like(u)
         d_keys, d_values = [], []
         for k in range(n):
@@ -150,15 +152,16 @@ class _Attend(torch.autograd.Function):
             # ... into which the key terms go too, unless keys and values are different tensors
             dk = torch.mul(keys[k], coef[:, k, None]) if ctx.has_values else dv.addcmul_(keys[k], coef[:, k, None])
             ddt = dk.dtype  # may be wider than the keys (bf16 sources, float32 embedding)
+            key = keys[k].to(u.dtype)  # the query's gradient is summed over tokens: never in bf16
             if ctx.per_token:
                 dk.addcmul_(u[i].to(ddt), alpha[:, k].to(ddt))
-                d_u[i].addcmul_(keys[k].to(u.dtype), alpha[:, k].to(u.dtype))
+                d_u[i].addcmul_(key, alpha[:, k].to(u.dtype))
             elif n_sites == 1:  # outer product: a K=1 GEMM is slow on CPU
                 dk.addr_(alpha[:, k, 0].to(ddt), u[i, 0].to(ddt))
-                d_u[i, 0] += torch.mv(keys[k].t(), alpha[:, k, 0].to(keys[k].dtype)).to(u.dtype)
+                d_u[i, 0] += torch.mv(key.t(), alpha[:, k, 0].to(u.dtype))
             else:
                 dk.addmm_(alpha[:, k].to(ddt), u[i].to(ddt))
-                d_u[i] += (alpha[:, k].t().to(keys[k].dtype) @ keys[k]).to(u.dtype)
+                d_u[i] += alpha[:, k].t().to(u.dtype) @ key
             d_keys.append(dk)
             if ctx.has_values:
                 d_values.append(dv)

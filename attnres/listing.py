@@ -29,8 +29,16 @@ def depth_sources(model: GPT) -> list[int]:
     return [len(r.kinds) for r in residual.records]
 
 
+PARAM_COLUMNS = ["step queries", "readout query", "key gains", "other"]
+PARAMS_NOTE = ("Depth-attention parameters. step queries: those of the layers' (or sublayers') sites, "
+               "low-rank query factors included; readout query: the mix before the final norm has a query "
+               "of its own (block_mqa_depth shares its one query with it); key gains: the key norm's gains; "
+               "other: ALiBi slopes, the value projection; depth: their sum; total: the whole model. "
+               "sources: how many tensors a site attends over (fewest-most).")
+
+
 def variant_rows(preset: str | None) -> list[dict[str, object]]:
-    """Name, description, depth sources (min-max over sites) and extra parameters per variant."""
+    """Name, description, revision, depth sources (min-max over sites) and, at a preset, parameters."""
     import torch
 
     from attnres.model import GPT
@@ -43,15 +51,18 @@ def variant_rows(preset: str | None) -> list[dict[str, object]]:
             model = GPT(cfg)
         counts = depth_sources(model)
         params = model.num_params()
-        row: dict[str, object] = {
-            "variant": name + (f" ({', '.join(aliases[name])})" if aliases[name] else ""),
-            "description": v.description,
-            "depth sources": f"{min(counts)}-{max(counts)}" if counts else "sum of all",
-            "extra params": f"{params['residual_extra']:,}",
-        }
-        if preset:
-            row["shape"] = f"{cfg.n_layer}L d{cfg.d_model}"
-            row["total params"] = f"{params['total']:,}"
+        sources = f"{min(counts)}-{max(counts)}" if counts else "all"
+        if preset:  # a parameter table: the descriptions and aliases are in the plain listing
+            split = model.residual.param_counts() if hasattr(model.residual, "param_counts") else {}
+            row: dict[str, object] = {"variant": name, "shape": f"{cfg.n_layer}L d{cfg.d_model}", "sources": sources}
+            for key in PARAM_COLUMNS:
+                row[key] = f"{split[key]:,}" if split else "—"
+            row["depth"] = f"{params['residual_extra']:,}"
+            row["total"] = f"{params['total'] / 1e6:,.1f}M"
+        else:
+            row = {"variant": name + (f" ({', '.join(aliases[name])})" if aliases[name] else ""),
+                   "rev": v.revision, "description": v.description, "depth sources": sources,
+                   "extra params": f"{params['residual_extra']:,}"}
         rows.append(row)
     return rows
 

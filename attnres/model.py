@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import partial
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +21,8 @@ from attnres.residual import build_residual
 
 
 class RMSNorm(nn.Module):
+    PARAM_ROLES: ClassVar[dict[str, str]] = {"weight": "norm"}  # no weight decay (attnres.optim)
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.eps = eps

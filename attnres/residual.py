@@ -13,7 +13,9 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -78,13 +80,21 @@ class DepthAttention(nn.Module):
     See :mod:`attnres.depth_attend` for what is saved for backward.
     """
 
+    #: What each parameter is, for the optimizer's weight-decay groups (attnres.optim): vectors that
+    #: steer the softmax are not decayed, weight matrices are.
+    PARAM_ROLES: ClassVar[dict[str, str]] = {
+        "query": "query", "key_gain": "key_gain", "alibi_slope": "alibi_slope",
+        "query_down": "query_factor", "query_up": "query_factor", "value_delta": "value_proj",
+    }
+
     def __init__(self, spec: ResidualSpec, d_model: int, n_steps: int, eps: float) -> None:
         super().__init__()
         self.spec, self.eps, self.n_steps = spec, eps, n_steps
         self.block_size = spec.blocks_for(n_steps)
-        self.n_sites = n_steps + 1
+        self.n_sites = n_steps + 1  # every step's input, and the readout before the final norm
         self.n_pos = math.ceil(n_steps / self.block_size) + 1
-        n_query = {"site": self.n_sites, "group": math.ceil(self.n_sites / spec.query_group), "shared": 1}
+        # grouped queries: one per group of query_group steps, and one for the readout
+        n_query = {"site": self.n_sites, "group": math.ceil(n_steps / spec.query_group) + 1, "shared": 1}
         self.query = nn.Parameter(torch.zeros(n_query[spec.query], d_model))
         n_gain = self.n_sites if spec.key_gain == "site" else self.n_pos
         self.key_gain = nn.Parameter(torch.ones(n_gain, d_model))
@@ -97,14 +107,38 @@ class DepthAttention(nn.Module):
         if spec.value_proj:
             self.value_delta = nn.Parameter(torch.zeros(d_model, d_model))
         if spec.rope:
-            inv = 1.0 / (10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float32) / d_model))
+            # base = the number of depth positions: channel pair j turns n_pos^(-2j/d) rad per block,
+            # from 1 rad down to 1/n_pos, so even the slowest pair turns ~1 rad across the whole depth
+            # (with the token RoPE's base 10000 most pairs would barely turn over ~17 positions)
+            base = float(max(self.n_pos, 2))
+            inv = 1.0 / (base ** (torch.arange(0, d_model, 2, dtype=torch.float32) / d_model))
             self.register_buffer("rope_inv_freq", inv, persistent=False)
         self.record = False
         self.records: list[SiteRecord] = []
 
     # -- queries, gains and biases --------------------------------------------------------------
     def _query_index(self, site: int) -> int:
-        return {"site": site, "group": site // self.spec.query_group, "shared": 0}[self.spec.query]
+        if self.spec.query == "group":  # the readout (site n_steps) has the last row to itself
+            return site // self.spec.query_group if site < self.n_steps else self.query.shape[0] - 1
+        return {"site": site, "shared": 0}[self.spec.query]
+
+    def param_counts(self) -> dict[str, int]:
+        """Depth-attention parameters by job: the layers' queries, the readout's, key gains, the rest.
+
+        Query rows (and low-rank query factors) are split between the steps' sites and the readout's
+        site by the rows those sites use; a row shared by both counts as the steps'.
+        """
+        step_rows = {self._query_index(i) for i in range(self.n_steps)}
+        readout_rows = {self._query_index(self.n_steps)} - step_rows
+        per_row = self.query.shape[1]
+        if self.spec.query_rank:  # the factors have a row per site
+            per_row += self.query_down[0].numel() + self.query_up[0].numel()
+        queries = self.query.numel() + (self.query_down.numel() + self.query_up.numel() if self.spec.query_rank else 0)
+        readout = per_row * len(readout_rows)
+        gains = self.key_gain.numel()
+        total = sum(p.numel() for p in self.parameters())
+        return {"step queries": queries - readout, "readout query": readout, "key gains": gains,
+                "other": total - queries - gains}
 
     def _allowed(self, site_pos: int, pos: int) -> bool:
         s = self.spec
@@ -178,10 +212,23 @@ class DepthAttention(nn.Module):
                                        [(x.key.detach() * x.scale).view(shape) for x in srcs]))
 
     def forward(self, emb: Tensor, steps: Sequence[Step]) -> Tensor:
+        """Run the steps, each on its depth-attention input; return the readout's input.
+
+        Under autocast the depth path itself runs in float32 (logits, softmax, block and partial
+        sums, value projection and the mix), as the standard residual stream does; only the steps
+        run in the autocast dtype, and each step's output is made float32 once, as it leaves it.
+        """
         assert len(steps) == self.n_steps, "residual built for a different depth"
+        dev = emb.device.type
+        if not torch.amp.is_autocast_available(dev) or not torch.is_autocast_enabled(dev):
+            return self._forward(emb, steps, nullcontext)  # e.g. the meta device of `attnres variants`
+        dtype = torch.get_autocast_dtype(dev)
+        with torch.autocast(dev, enabled=False):
+            return self._forward(emb, steps, lambda: torch.autocast(dev, dtype=dtype))
+
+    def _forward(self, emb: Tensor, steps: Sequence[Step], in_layer: Callable[[], AbstractContextManager]) -> Tensor:
         self.records = []
         shape = emb.shape
-        dev = "cuda" if emb.is_cuda else "cpu"
         flat = emb.reshape(-1, shape[-1])
         completed = [self._source(flat, 0, "embedding")]
         window: deque[Source] = deque(maxlen=self.spec.window or None)
@@ -196,25 +243,27 @@ class DepthAttention(nn.Module):
             sites = list(range(i, end))
             shared = [src for src in completed if self._allowed(site_pos, src.pos)]
             if len(sites) > 1:
-                with torch.autocast(dev, enabled=False):
-                    outs, lses, weights = self._attend(shared, sites, site_pos, state)
+                outs, lses, weights = self._attend(shared, sites, site_pos, state)
             for j, site in enumerate(sites):
                 own = ([self._source(total, site_pos, "partial", self._scale(count))]
                        if total is not None and self.spec.partial else [])
                 own += list(reversed(window))  # newest first
-                with torch.autocast(dev, enabled=False):
-                    if len(sites) == 1:  # nothing to share: one call over all of the site's sources
-                        (x,), _, w = self._attend(shared + own, sites, site_pos, state)
-                    elif own:  # merge the site's own sources into its shared result
-                        (x,), _, w = self._attend(own, [site], site_pos, state, prior=(outs[j], lses[:, j]))
-                    else:
-                        x, w = outs[j], None
+                if len(sites) == 1:  # nothing to share: one call over all of the site's sources
+                    (x,), _, w = self._attend(shared + own, sites, site_pos, state)
+                elif own:  # merge the site's own sources into its shared result
+                    (x,), _, w = self._attend(own, [site], site_pos, state, prior=(outs[j], lses[:, j]))
+                else:
+                    x, w = outs[j], None
                 if self.record:
                     self._record(site, shared + own, _site_weights(w, weights[:, :, j] if len(sites) > 1 else None),
                                  shape)
                 if site == self.n_steps:
                     return x.view(shape)
-                v = steps[site](x.view(shape)).reshape(-1, shape[-1])
+                with in_layer():
+                    v = steps[site](x.view(shape)).reshape(-1, shape[-1])
+                # a bf16 output becomes float32 once, here: the sums accumulate in float32, and the
+                # gradients of its several readers add up in float32 before the one cast back
+                v = v.to(torch.promote_types(v.dtype, torch.float32))
                 state = x + v if self.spec.query_rank else state
                 total = v if total is None else total + v
                 count += 1

@@ -34,11 +34,12 @@ from attnres.config import RunConfig
 from attnres.data.loader import TokenShards, TrainLoader, eval_batches
 from attnres.data.prepare import dataset_path
 from attnres.model import GPT
+from attnres.optim import build_optimizer
 from attnres.schedule import lr_at
 from attnres.tracking import store
 from attnres.tracking.db import get_engine
 from attnres.tracking.writer import MetricWriter, ingest_spool
-from attnres.variants import resolve_run
+from attnres.variants import check_revision, resolve_run
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -112,16 +113,6 @@ def evaluate(model: torch.nn.Module, shards: TokenShards, cfg: RunConfig, d: Dis
     return float(total[0] / total[1])
 
 
-def build_optimizer(model: torch.nn.Module, cfg: RunConfig, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW with weight decay on matrices only (not norms, gains, queries or slopes)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    other = [p for p in params if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.train.weight_decay}, {"params": other, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.train.lr, betas=(cfg.train.beta1, cfg.train.beta2),
-                             fused=device.type == "cuda")
-
-
 class Preemption:
     """Turns SIGTERM into a flag checked between steps: save a checkpoint, then stop as preempted."""
 
@@ -173,6 +164,7 @@ def worse_than_rule(engine, run_id: int, cfg: RunConfig, step: int, value: float
 def train(cfg: RunConfig, run_id: int, engine, d: Dist, sink: MetricWriter | None,  # noqa: ANN001
           fresh: bool = False) -> str:
     """Train one run; return its final status (finished, diverged, stopped or preempted)."""
+    check_revision(cfg, run_id)  # a run recorded by older code is not continued by this one
     torch.manual_seed(cfg.seed)
     data = dataset_path(cfg.data)
     train_shards = TokenShards(data, "train", cfg.model.seq_len)
@@ -185,7 +177,8 @@ def train(cfg: RunConfig, run_id: int, engine, d: Dist, sink: MetricWriter | Non
     model = DistributedDataParallel(raw_model) if d.world > 1 else raw_model
     if cfg.train.compile:
         model = torch.compile(model)
-    optimizer = build_optimizer(raw_model, cfg, d.device)
+    optimizer = build_optimizer(raw_model, cfg.train.lr, cfg.train.weight_decay, (cfg.train.beta1, cfg.train.beta2),
+                                fused=d.device.type == "cuda")
     use_bf16 = cfg.train.dtype == "bfloat16" or (cfg.train.dtype == "auto" and d.device.type == "cuda")
 
     def autocast() -> AbstractContextManager:

@@ -3,19 +3,29 @@
 Every variant of the results document is one entry here, and nothing else in the code branches
 on a variant's name. Descriptions state exactly what is built, so ``attnres variants`` is the
 source of truth for what a name means.
+
+A variant's ``revision`` goes up when what it trains changes without its config changing; it is
+recorded with every run and is part of the config hash, so a relaunch never counts a run of an
+earlier revision as done, and a run of an earlier revision is never resumed by newer code.
+
+* revision 2 (every depth variant): depth queries, key gains and ALiBi slopes are free of weight
+  decay; under bf16 autocast the depth logits, softmax, block and partial sums and the mix are
+  float32; block_gqa_depth's effective query is one per group of 4 layers (key gains moved to the
+  block sources); block_rope_depth rotates with base = number of depth positions.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from attnres.config import ModelConfig, ResidualSpec, RunConfig, apply_overrides, get_preset
-from attnres.errors import unknown
+from attnres.config import ModelConfig, Preset, ResidualSpec, RunConfig, apply_overrides, get_preset
+from attnres.errors import AttnresError, unknown
 
 # Block AttnRes as the results document runs it: blocks of 3 layers, mean summaries, the current
 # block's partial state, a learned zero-initialised query per layer, keys RMSNorm(source) * gain.
 _BLOCK = ResidualSpec(kind="depth", block_size=3, reduce="mean", partial=True)
 DEEP_WIDTH_RATIO = 1080 / 1536  # the document's 48L d1080 vs 24L d1536
+_DEPTH_REVISION = 2  # see the module docstring
 
 
 @dataclass(frozen=True)
@@ -27,9 +37,20 @@ class Variant:
     residual: ResidualSpec
     depth_mult: int = 1  # deep variants double the layers ...
     width_ratio: float = 1.0  # ... and narrow the width to keep the parameter count
+    revision: int = 1
 
-    def apply(self, model: ModelConfig) -> ModelConfig:
-        """Return the preset's model reshaped and rewired for this variant."""
+    def apply(self, preset: Preset) -> ModelConfig:
+        """Return the preset's model reshaped and rewired for this variant.
+
+        A deep variant is defined relative to the 24-layer model; on a preset that is already a deep
+        shape it would double the depth again, so it is refused with the preset to use instead.
+        """
+        model = preset.model
+        if self.depth_mult != 1 and preset.deepened_from:
+            raise AttnresError(
+                f"{self.name} doubles the depth of a preset, and preset {preset.name} is already deep "
+                f"({model.n_layer}L d{model.d_model}): use --preset {preset.deepened_from} "
+                f"({self.name} there is {model.n_layer}L d{model.d_model})")
         d_model = model.d_model
         if self.width_ratio != 1.0:
             # Keep the head count; round the head dim to an even number (RoPE rotates pairs).
@@ -39,70 +60,81 @@ class Variant:
                        residual=self.residual)
 
 
+_KEYS = "keys RMSNorm(source) * a learned gain (init 1)"
+_STEP0 = "zero-init queries, so step 0 is the plain average of the sources"
+
 VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in [
         Variant("standard", "Normal pre-norm residual connections: x = x + layer(x).", ResidualSpec()),
         Variant(
             "full_attnres",
-            "Each layer attends over the embedding and every prior layer output individually "
-            "(per-layer zero-init query, keys RMSNorm(output)*gain). O(L^2) in depth.",
-            replace(_BLOCK, block_size=1, partial=False),
+            f"Each layer attends over the embedding and every prior layer output individually, one query "
+            f"per layer (and one for the readout before the final norm); {_KEYS} per layer; {_STEP0}. "
+            "O(L^2) in depth.",
+            replace(_BLOCK, block_size=1, partial=False), revision=_DEPTH_REVISION,
         ),
         Variant(
             "control_block",
             "Blocks of 3 layers; each layer attends over the embedding, completed block summaries "
             "(mean of the block's 3 layer outputs) and the current block's partial state (mean of its "
-            "outputs so far). Per-layer zero-init query; keys RMSNorm(source)*per-layer gain.",
-            _BLOCK,
+            f"outputs so far). One query per layer and one for the readout; {_KEYS} per layer; {_STEP0}.",
+            _BLOCK, revision=_DEPTH_REVISION,
         ),
         Variant(
             "block_input_dep_query",
             "control_block plus an input-dependent query: q = w_l + B_l A_l RMSNorm(h), rank 16, "
             "where h is the layer's standard-residual input (previous input + previous output); "
-            "B_l zero-init.",
-            replace(_BLOCK, query_rank=16),
+            "B_l zero-init, A_l ~ N(0, 1/d).",
+            replace(_BLOCK, query_rank=16), revision=_DEPTH_REVISION,
         ),
         Variant(
             "block_hybrid_memory",
-            "control_block sources plus a sliding window of the 4 most recent raw layer outputs.",
-            replace(_BLOCK, window=4),
+            "control_block sources plus a sliding window of the 4 most recent raw layer outputs "
+            "(newest first; they may overlap the partial state).",
+            replace(_BLOCK, window=4), revision=_DEPTH_REVISION,
         ),
         Variant(
             "block_alibi_depth",
             "control_block with an ALiBi bias on depth logits: -slope_l * (block distance), "
             "one learned slope per layer, zero-init.",
-            replace(_BLOCK, alibi=True),
+            replace(_BLOCK, alibi=True), revision=_DEPTH_REVISION,
         ),
         Variant(
             "block_gqa_depth",
-            "control_block with queries shared across groups of 4 layers (4x fewer query "
-            "parameters); keys stay per block.",
-            replace(_BLOCK, query="group", query_group=4),
+            "control_block with grouped queries: one query per group of 4 consecutive layers (layers "
+            "0-3, 4-7, ...; groups do not follow the blocks of 3, their boundaries meet every 12 layers), "
+            "plus one for the readout: 4x fewer query parameters. Keys stay per block: the key gain "
+            "belongs to the source (one per depth position: embedding, block k), not to the layer, so "
+            "nothing per layer scales the query.",
+            replace(_BLOCK, query="group", query_group=4, key_gain="source"), revision=_DEPTH_REVISION,
         ),
         Variant(
             "block_rope_depth",
-            "control_block with rotary encoding of depth position (block index) on queries and keys.",
-            replace(_BLOCK, rope=True),
+            "control_block with rotary encoding of depth position (0 = embedding, k = block k) on "
+            "queries and keys, every channel pair (2i, 2i+1) rotated at n_pos^(-2i/d) rad per block "
+            "(base = the number of depth positions n_pos): from 1 rad per block down to about 1 rad "
+            "over the whole depth.",
+            replace(_BLOCK, rope=True), revision=_DEPTH_REVISION,
         ),
         Variant(
             "block_sparse_depth",
             "control_block where each layer attends only to the 4 nearest blocks (embedding = "
             "block 0), every 4th older block, and its partial state.",
-            replace(_BLOCK, sparse_near=4, sparse_stride=4),
+            replace(_BLOCK, sparse_near=4, sparse_stride=4), revision=_DEPTH_REVISION,
         ),
         Variant(
             "block_value_proj",
             "control_block where completed block summaries pass through a learned d x d value "
             "projection (I + delta, delta zero-init, shared) before being mixed; keys use the raw "
             "summaries.",
-            replace(_BLOCK, value_proj=True),
+            replace(_BLOCK, value_proj=True), revision=_DEPTH_REVISION,
         ),
         Variant(
             "block_mqa_depth",
-            "Proposed: multi-query depth attention. One query shared by every layer; keys per "
-            "block, RMSNorm(summary) * a learned gain owned by the block's depth position.",
-            replace(_BLOCK, query="shared", key_gain="source"),
+            "Proposed: multi-query depth attention. One query shared by every layer and the readout; "
+            "keys per block, RMSNorm(summary) * a learned gain owned by the block's depth position.",
+            replace(_BLOCK, query="shared", key_gain="source"), revision=_DEPTH_REVISION,
         ),
         Variant(
             "attnres_paper",
@@ -111,21 +143,25 @@ VARIANTS: dict[str, Variant] = {
             "and the partial sum; keys RMSNorm(v)*site gain; zero-init query per site; separate "
             "mixes before attention, MLP and the final norm; no 1/sqrt(d).",
             ResidualSpec(kind="depth", granularity="sublayer", n_blocks=8, reduce="sum", partial=True),
+            revision=_DEPTH_REVISION,
         ),
         Variant(
             "deep_baseline",
-            "standard with twice the layers at 1080/1536 of the width (48L d1080 at paper500m).",
+            "standard with twice the layers at 1080/1536 of the width (48L d1080 at paper500m). "
+            "Defined from a 24-layer preset: refused on deep48, which is already this shape.",
             ResidualSpec(), depth_mult=2, width_ratio=DEEP_WIDTH_RATIO,
         ),
         Variant(
             "deep_control_block",
-            "control_block with twice the layers at 1080/1536 of the width (16 blocks of 3).",
-            _BLOCK, depth_mult=2, width_ratio=DEEP_WIDTH_RATIO,
+            "control_block with twice the layers at 1080/1536 of the width (48L d1080 at paper500m: "
+            "16 blocks of 3). Refused on deep48.",
+            _BLOCK, depth_mult=2, width_ratio=DEEP_WIDTH_RATIO, revision=_DEPTH_REVISION,
         ),
         Variant(
             "deep_hybrid_memory",
-            "block_hybrid_memory with twice the layers at 1080/1536 of the width.",
-            replace(_BLOCK, window=4), depth_mult=2, width_ratio=DEEP_WIDTH_RATIO,
+            "block_hybrid_memory with twice the layers at 1080/1536 of the width (48L d1080 at "
+            "paper500m). Refused on deep48.",
+            replace(_BLOCK, window=4), depth_mult=2, width_ratio=DEEP_WIDTH_RATIO, revision=_DEPTH_REVISION,
         ),
     ]
 }
@@ -150,5 +186,15 @@ def resolve_run(variant: str, preset: str, seed: int, overrides: list[str] | Non
     """Build the full config of one run: preset, then variant, then ``key=value`` overrides."""
     p = get_preset(preset)
     v = get_variant(variant)
-    model, train = apply_overrides(v.apply(p.model), p.train, overrides or [])
-    return RunConfig(variant=v.name, preset=p.name, seed=seed, model=model, train=train, data=data)
+    model, train = apply_overrides(v.apply(p), p.train, overrides or [])
+    return RunConfig(variant=v.name, preset=p.name, seed=seed, model=model, train=train, data=data,
+                     revision=v.revision)
+
+
+def check_revision(cfg: RunConfig, run_id: int | str) -> None:
+    """Refuse to train a recorded run whose variant has changed since it was recorded."""
+    current = get_variant(cfg.variant).revision
+    if cfg.revision != current:
+        raise AttnresError(
+            f"run {run_id} was recorded with revision {cfg.revision} of {cfg.variant}, and this version "
+            f"trains revision {current} (see `attnres variants`): launch it again as a new run")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Annotated
 
 import typer
@@ -13,7 +15,10 @@ data_app = typer.Typer(no_args_is_help=True, help="Prepare tokenized datasets.")
 app.add_typer(data_app, name="data")
 db_app = typer.Typer(no_args_is_help=True, help="Manage the tracking database.")
 app.add_typer(db_app, name="db")
-console = Console()
-err = Console(stderr=True)
+# Piped or captured output (logs, CI, scripts) is not folded at 80 columns: a number split over two
+# lines cannot be read back. A terminal, or COLUMNS, still sets the width.
+_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
+console = Console(width=_WIDTH)
+err = Console(stderr=True, width=None if sys.stderr.isatty() or "COLUMNS" in os.environ else 160)
 
 DbOpt = Annotated[str | None, typer.Option("--db", help="SQLAlchemy URL or SQLite file (default ./runs.db)")]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
@@ -23,15 +24,21 @@ def variants(
     preset: Annotated[str, typer.Option(help="preset for --params")] = "tiny",
 ) -> None:
     """List every residual variant: name, description, depth sources, extra parameters."""
-    from attnres.listing import variant_rows
+    from attnres.listing import PARAMS_NOTE, variant_rows
+    from attnres.optim import RULE
 
     rows = variant_rows(preset if params else None)
-    table = Table(title=f"Residual variants{f' at {preset}' if params else ''}", show_lines=True)
+    table = Table(title=f"Residual variants{f' at {preset}' if params else ''}", show_lines=not params,
+                  box=box.SIMPLE_HEAD if params else box.HEAVY_HEAD, pad_edge=False)
     for col in rows[0]:
-        table.add_column(col, overflow="fold")
+        text = col in {"variant", "description"}
+        table.add_column(col, overflow="fold", justify="left" if text else "right", no_wrap=not text)
     for row in rows:
         table.add_row(*[str(v) for v in row.values()])
     console.print(table)
+    if params:
+        console.print(PARAMS_NOTE)
+    console.print(RULE)
 
 
 @app.command()
@@ -134,16 +141,22 @@ def resume(
     db: DbOpt = None,
 ) -> None:
     """Continue interrupted runs (failed, killed, preempted) from their last checkpoint."""
+    import json
+
     from attnres import scheduler
+    from attnres.config import RunConfig
     from attnres.tracking import store
     from attnres.tracking.db import get_engine
     from attnres.tracking.schema import RESUMABLE
+    from attnres.variants import check_revision
 
     engine = get_engine(db, create=False)
     for rid in run:
         r = store.get_run(engine, rid)
         if r.status not in RESUMABLE:
             raise AttnresError(f"run {rid} is {r.status}; only {', '.join(RESUMABLE)} runs can be resumed")
+        check_revision(RunConfig.from_dict(json.loads(r.config_json)), rid)
+    for rid in run:
         store.update_run(engine, rid, status="queued", ended_at=None, exit_code=None, agent_pid=None)
     nproc = max(store.get_run(engine, rid).world_size for rid in run)
     if detach:

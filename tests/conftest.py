@@ -69,6 +69,23 @@ def attnres(*args: str, check: bool = False, timeout: float = 600) -> subprocess
     return proc
 
 
+@pytest.fixture(params=["c", "pytorch"])
+def kernel_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both implementations of the depth-attention kernel: the C one (built here) and PyTorch's."""
+    import torch
+
+    from attnres import cpu_kernel
+
+    if request.param == "pytorch":
+        monkeypatch.setenv("ATTNRES_CPU_KERNEL", "0")
+    else:
+        monkeypatch.delenv("ATTNRES_CPU_KERNEL", raising=False)
+        if cpu_kernel._compiler() is None:
+            pytest.skip("no C compiler on this machine")
+        assert cpu_kernel.kernel([torch.zeros(1, dtype=torch.float64)]) is not None, "the C kernel did not build"
+    return request.param
+
+
 @pytest.fixture
 def pg_url():
     PG = os.environ.get("ATTNRES_TEST_PG_URL")

@@ -40,22 +40,9 @@ def grads_of(out: torch.Tensor, leaves: list[torch.Tensor]) -> list[torch.Tensor
     return list(torch.autograd.grad((out * probe).sum(), leaves, allow_unused=True))
 
 
-@pytest.fixture(params=["c", "pytorch"])
-def path(request, monkeypatch):
-    """Both implementations of the kernel: the C one (built here with the system compiler) and PyTorch's."""
-    if request.param == "pytorch":
-        monkeypatch.setenv("ATTNRES_CPU_KERNEL", "0")
-    else:
-        monkeypatch.delenv("ATTNRES_CPU_KERNEL", raising=False)
-        if cpu_kernel._compiler() is None:
-            pytest.skip("no C compiler on this machine")
-        assert cpu_kernel.kernel([torch.zeros(1, dtype=torch.float64)]) is not None, "the C kernel did not build"
-    return request.param
-
-
 @pytest.mark.parametrize("name,n_steps", [*((n, s) for n in DEPTH for s in (7, 9)),
                                           ("full_attnres", 40), ("attnres_paper", 40)])  # many sources
-def test_kernel_matches_the_plain_reference_forward_and_gradients(name, n_steps, path):
+def test_kernel_matches_the_plain_reference_forward_and_gradients(name, n_steps, kernel_path):
     res, emb, weights, steps = build(name, n_steps, d=8, seed=n_steps)
     leaves = [emb, *weights, *res.parameters()]
     fast = res(emb, steps)

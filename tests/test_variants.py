@@ -117,6 +117,34 @@ def test_gqa_depth_shares_one_query_per_group_of_four_layers():
     assert uniform == [True, False, False, False, True, True, True, True, True]
 
 
+def test_gqa_depth_has_one_effective_query_per_group_of_four_layers():
+    """Nothing per layer scales a gqa query: sites of a group score every source identically."""
+    model = tiny("block_gqa_depth", n_layer=9)  # 3 blocks of 3; groups: layers 0-3, 4-7, 8, readout
+    res = depth_module(model)
+    assert res.query.shape[0] == 4 and res.key_gain.shape[0] == res.n_pos == 4
+    with torch.no_grad():
+        for p in res.parameters():
+            p.add_(torch.randn_like(p))
+    positions = [0, 1]
+    u, _ = res._queries([3, 4, 5], 2, positions, None)  # the sites of block 2: layers 3, 4 and 5
+    assert u.shape == (2, 3, 32)  # (source, site, d): the gain belongs to the source
+    assert not torch.allclose(u[:, 0], u[:, 1])  # layer 3 is in group 0, layer 4 in group 1 ...
+    assert torch.equal(u[:, 1], u[:, 2])  # ... with layer 5
+    u_a, _ = res._queries([0], 1, positions, None)
+    u_b, _ = res._queries([2], 1, positions, None)
+    assert torch.equal(u_a, u_b)
+
+
+def test_gqa_depth_has_four_times_fewer_query_parameters_than_control_block():
+    counts = {}
+    for name in ["control_block", "block_gqa_depth"]:
+        with torch.device("meta"):
+            counts[name] = GPT(resolve_run(name, "paper500m", 0).model).residual.param_counts()
+    assert counts["block_gqa_depth"]["step queries"] * 4 == counts["control_block"]["step queries"] == 24 * 1536
+    assert counts["block_gqa_depth"]["readout query"] == counts["control_block"]["readout query"] == 1536
+    assert counts["block_gqa_depth"]["key gains"] == 9 * 1536  # embedding + 8 blocks: keys stay per block
+
+
 def test_mqa_depth_has_one_query_and_key_gains_per_block():
     res = depth_module(tiny("block_mqa_depth", n_layer=9))
     assert res.query.shape[0] == 1
@@ -223,6 +251,42 @@ def test_deep_variants_match_the_parameter_count_of_the_24_layer_model():
         assert abs(total / base - 1) < 0.03
 
 
+@pytest.mark.parametrize("deep", ["deep_baseline", "deep_control_block", "deep_hybrid_memory"])
+def test_deep_variants_are_refused_on_a_preset_that_is_already_deep(deep):
+    with pytest.raises(AttnresError, match=r"already deep .*use --preset paper500m"):
+        resolve_run(deep, "deep48", 0)
+    assert resolve_run(deep, "paper500m", 0).model.n_layer == 48
+    assert resolve_run("control_block", "deep48", 0).model.n_layer == 48  # shallow variants are welcome
+
+
+def test_rope_depth_scores_the_same_content_differently_by_depth_distance():
+    """Paper width and depth: a source's logit falls well below the same content's at distance 0.
+
+    Every layer outputs the same vector c and the embedding is c, so every source has the same
+    content; the readout's query is c scaled to a logit of L at distance 0. With the token RoPE's
+    base 10000 the logit stayed above 0.7 L at every distance of the model (most channel pairs
+    hardly turn); with base = number of depth positions it falls below 0.5 L within a few blocks.
+    """
+    spec = get_variant("block_rope_depth").residual
+    d, n_steps = 1536, 25  # 24 + 1 layers: the readout has blocks 1-8, the embedding and a partial
+    res = DepthAttention(spec, d_model=d, n_steps=n_steps, eps=1e-6)
+    torch.manual_seed(0)
+    c = torch.randn(d)
+    L = 4.0
+    with torch.no_grad():
+        res.query[-1] = c / c.norm() * L / math.sqrt(d)  # logit at distance 0: L (the keys have RMS 1)
+    res.record = True
+    res(c.view(1, 1, d), [lambda x: c.view(1, 1, d)] * n_steps)
+    last = res.records[-1]
+    site_pos = n_steps // 3 + 1
+    logw = {site_pos - p: float(w.log()) for p, w in zip(last.positions, last.weights[:, 0, 0], strict=True)}
+    assert sorted(logw) == list(range(site_pos + 1))  # distances 0 (partial) ... 9 (embedding)
+    drop = {dist: (logw[0] - lw) / L for dist, lw in logw.items()}  # 1 - logit(dist) / logit(0)
+    assert len({round(x, 6) for x in drop.values()}) == len(drop)  # every distance scores differently
+    assert max(drop.values()) > 0.5
+    assert drop[1] > 0.05 and drop[3] > 0.5
+
+
 def test_aliases_and_unknown_names():
     assert get_variant("baseline_standard").name == "standard"
     with pytest.raises(AttnresError, match="did you mean control_block"):
@@ -259,3 +323,50 @@ def test_short_cpu_training_lowers_the_loss(name):
 def test_residual_spec_blocks_for_the_paper_is_steps_over_n_blocks():
     assert ResidualSpec(n_blocks=8).blocks_for(48) == 6
     assert ResidualSpec(block_size=3).blocks_for(48) == 3
+
+
+def test_depth_variants_carry_a_revision_that_separates_their_runs_from_older_ones():
+    """A run recorded before this revision is another cell; standard, unchanged, keeps its hash."""
+    import json
+    from dataclasses import replace
+
+    from attnres.config import RunConfig
+
+    std = resolve_run("standard", "tiny", 42)
+    assert std.revision == 1 and "revision" not in json.loads(std.to_json())  # as recorded before revisions
+    assert RunConfig.from_dict(json.loads(std.to_json())).config_hash == std.config_hash
+    cb = resolve_run("control_block", "tiny", 42)
+    older = replace(cb, revision=1)
+    assert cb.revision == 2 and cb.config_hash != older.config_hash
+    assert RunConfig.from_dict(json.loads(cb.to_json())) == cb
+    from attnres.variants import check_revision
+
+    check_revision(cb, 1)
+    with pytest.raises(AttnresError, match=r"revision 1 of control_block.*revision 2"):
+        check_revision(older, 7)
+
+
+def test_resume_refuses_a_run_recorded_by_an_earlier_revision(workdir):
+    from dataclasses import replace
+
+    from conftest import attnres
+
+    from attnres.tracking import store
+    from attnres.tracking.db import get_engine
+
+    engine = get_engine(str(workdir / "runs.db"))
+    old = store.create_run(engine, replace(resolve_run("control_block", "tiny", 42), revision=1), status="failed")
+    proc = attnres("resume", str(old))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "revision 1 of control_block" in proc.stderr
+    assert store.get_run(engine, old).status == "failed"  # nothing recorded changed
+
+
+def test_launching_a_deep_variant_on_deep48_is_one_line_and_exit_2(workdir):
+    from conftest import attnres
+
+    proc = attnres("launch", "deep_baseline", "--preset", "deep48", "--seeds", "1", "--dry-run")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().count("\n") == 0 and "--preset paper500m" in proc.stderr
+    ok = attnres("launch", "deep_baseline", "--preset", "paper500m", "--seeds", "1", "--dry-run", check=True)
+    assert "deep_baseline seed=1 preset=paper500m" in ok.stdout

@@ -13,11 +13,6 @@ import numpy as np
 import torch
 
 
-def checkpoint_dir(run_id: int) -> Path:
-    """``$ATTNRES_CHECKPOINTS/run-ID`` (default ``./checkpoints``)."""
-    return Path(os.environ.get("ATTNRES_CHECKPOINTS", "checkpoints")) / f"run-{run_id}"
-
-
 def save(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {

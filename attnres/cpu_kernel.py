@@ -27,6 +27,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from attnres import paths
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("depth_attend.c")
@@ -41,7 +43,7 @@ _BWD = [_I, _I, _i, _i, _i, _i, _i, _P, _P, _P, _P, _P, _P, _P, _P, _i, _P, _P, 
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("ATTNRES_CACHE") or Path.home() / ".cache" / "attnres") / "kernels"
+    return paths.kernel_cache()
 
 
 def enabled() -> bool:

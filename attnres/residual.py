@@ -140,6 +140,26 @@ class DepthAttention(nn.Module):
         return {"step queries": queries - readout, "readout query": readout, "key gains": gains,
                 "other": total - queries - gains}
 
+    def source_plan(self) -> list[list[tuple[str, int]]]:
+        """Per site, the (kind, depth position) of each source it attends to, in the order
+        :meth:`forward` gives them, worked out without tensors (``attnres variants`` shows it)."""
+        plan: list[list[tuple[str, int]]] = []
+        completed: list[tuple[str, int]] = [("embedding", 0)]
+        window: deque[tuple[str, int]] = deque(maxlen=self.spec.window or None)
+        count = 0
+        for site in range(self.n_steps + 1):
+            site_pos = site // self.block_size + 1
+            shared = [src for src in completed if self._allowed(site_pos, src[1])]
+            own = [("partial", site_pos)] if count and self.spec.partial else []
+            plan.append(shared + own + list(reversed(window)))
+            count += 1
+            if self.spec.window:
+                window.append(("window", site_pos))
+            if count == self.block_size:
+                completed.append(("block", site_pos))
+                count = 0
+        return plan
+
     def _allowed(self, site_pos: int, pos: int) -> bool:
         s = self.spec
         if not s.sparse_near:
@@ -258,9 +278,9 @@ class DepthAttention(nn.Module):
                     self._record(site, shared + own, _site_weights(w, weights[:, :, j] if len(sites) > 1 else None),
                                  shape)
                 if site == self.n_steps:
-                    return x.view(shape)
+                    return x.view(shape).to(emb.dtype)  # a no-op but for a model cast to bf16 as a whole
                 with in_layer():
-                    v = steps[site](x.view(shape)).reshape(-1, shape[-1])
+                    v = steps[site](x.view(shape).to(emb.dtype)).reshape(-1, shape[-1])
                 # a bf16 output becomes float32 once, here: the sums accumulate in float32, and the
                 # gradients of its several readers add up in float32 before the one cast back
                 v = v.to(torch.promote_types(v.dtype, torch.float32))

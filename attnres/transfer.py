@@ -23,12 +23,10 @@ import json
 from pathlib import Path
 
 import pandas as pd
-from sqlalchemy import Engine, select
-from sqlalchemy.orm import Session
+from sqlalchemy import Engine
 
 from attnres.errors import AttnresError
-from attnres.tracking import store
-from attnres.tracking.schema import ACTIVE, STATES, Metric, MetricKey, Run
+from attnres.tracking import states, store
 from attnres.variants import canonical
 
 REQUIRED = ["variant", "seed", "step", "key", "value"]
@@ -40,10 +38,7 @@ def export(engine: Engine, out: Path, fmt: str = "csv") -> list[Path]:
         raise AttnresError(f"unknown export format '{fmt}'; choose csv or parquet")
     out.mkdir(parents=True, exist_ok=True)
     runs = store.runs_frame(engine)
-    q = (select(Metric.run_id, MetricKey.name.label("key"), Metric.step, Metric.value)
-         .join(MetricKey, MetricKey.id == Metric.key_id).order_by(Metric.run_id, MetricKey.name, Metric.step))
-    with engine.connect() as conn:
-        metrics = pd.DataFrame(conn.execute(q).all(), columns=["run_id", "key", "step", "value"])
+    metrics = store.all_metrics(engine)
     info = runs.set_index("id")[["variant", "seed", "status", "preset"]]
     metrics = metrics.join(info, on="run_id")
     metrics.insert(0, "run", "run-" + metrics.pop("run_id").astype(str))
@@ -83,26 +78,24 @@ def import_file(engine: Engine, path: Path) -> dict[str, int]:
     df["variant"] = [canonical(v) for v in df["variant"]]
     if "run" not in df.columns:
         df["run"] = df["variant"] + "-s" + df["seed"].astype(str)
-    df["status"] = df["status"].fillna("finished") if "status" in df.columns else "finished"
-    bad = set(df["status"]) - set(STATES)
+    df["status"] = df["status"].fillna(states.FINISHED) if "status" in df.columns else states.FINISHED
+    bad = set(df["status"]) - set(states.STATES)
     if bad:
         raise AttnresError(f"{path}: unknown status {', '.join(sorted(bad))}")
     created = 0
     for (label, variant, seed), grp in df.groupby(["run", "variant", "seed"], sort=True):
         ident = hashlib.sha256(f"import:{label}:{variant}:{seed}".encode()).hexdigest()[:12]
-        with Session(engine) as s:
-            run_id = s.scalar(select(Run.id).where(Run.config_hash == ident))
-            if run_id is None:
-                given = grp["preset"].iloc[0] if "preset" in grp else None
-                preset = str(given) if given is not None and pd.notna(given) else "imported"
-                run = Run(variant=variant, seed=int(seed), preset=preset, data=f"imported:{path.name}",
-                          config_json=json.dumps({"variant": variant, "seed": int(seed), "imported": str(label)}),
-                          config_hash=ident, status=str(grp["status"].iloc[-1]), total_steps=int(grp["step"].max()),
-                          step=int(grp["step"].max()), created_at=store.now(), ended_at=store.now(),
-                          stop_step=int(grp["step"].max()) if grp["status"].iloc[-1] not in (*ACTIVE, "finished")
-                          else None)
-                s.add(run)
-                s.commit()
-                run_id, created = run.id, created + 1
+        run_id = store.run_with_hash(engine, ident)
+        if run_id is None:
+            given = grp["preset"].iloc[0] if "preset" in grp else None
+            preset = str(given) if given is not None and pd.notna(given) else "imported"
+            status, last = str(grp["status"].iloc[-1]), int(grp["step"].max())
+            run_id = states.create(
+                engine, states.IMPORTER, status, variant=variant, seed=int(seed), preset=preset,
+                data=f"imported:{path.name}", config_hash=ident,
+                config_json=json.dumps({"variant": variant, "seed": int(seed), "imported": str(label)}),
+                total_steps=last, step=last, created_at=store.now(), ended_at=store.now(), world_size=1,
+                stop_step=last if status not in (*states.ACTIVE, states.FINISHED) else None)
+            created += 1
         store.log_metrics(engine, run_id, list(zip(grp["step"], grp["key"], grp["value"], strict=True)))
     return {"runs_created": created, "rows": len(df)}

@@ -16,6 +16,7 @@ earlier revision as done, and a run of an earlier revision is never resumed by n
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 
 from attnres.config import ModelConfig, Preset, ResidualSpec, RunConfig, apply_overrides, get_preset
@@ -97,14 +98,15 @@ VARIANTS: dict[str, Variant] = {
         Variant(
             "block_alibi_depth",
             "control_block with an ALiBi bias on depth logits: -slope_l * (block distance), "
-            "one learned slope per layer, zero-init.",
+            "one learned slope per layer (and one for the readout), zero-init.",
             replace(_BLOCK, alibi=True), revision=_DEPTH_REVISION,
         ),
         Variant(
             "block_gqa_depth",
             "control_block with grouped queries: one query per group of 4 consecutive layers (layers "
             "0-3, 4-7, ...; groups do not follow the blocks of 3, their boundaries meet every 12 layers), "
-            "plus one for the readout: 4x fewer query parameters. Keys stay per block: the key gain "
+            "plus one for the readout: 4x fewer layer-query parameters when the layers divide by 4. Keys "
+            "stay per block: the key gain "
             "belongs to the source (one per depth position: embedding, block k), not to the layer, so "
             "nothing per layer scales the query.",
             replace(_BLOCK, query="group", query_group=4, key_gain="source"), revision=_DEPTH_REVISION,
@@ -189,6 +191,17 @@ def resolve_run(variant: str, preset: str, seed: int, overrides: list[str] | Non
     model, train = apply_overrides(v.apply(p), p.train, overrides or [])
     return RunConfig(variant=v.name, preset=p.name, seed=seed, model=model, train=train, data=data,
                      revision=v.revision)
+
+
+def superseded(variant: str, config_json: str) -> bool:
+    """Whether a run recorded with this config was trained by an earlier revision of its variant.
+
+    Imported runs (recorded elsewhere: no model config) are never superseded.
+    """
+    config = json.loads(config_json or "{}")
+    if "model" not in config or variant not in VARIANTS:
+        return False
+    return int(config.get("revision", 1)) < VARIANTS[variant].revision
 
 
 def check_revision(cfg: RunConfig, run_id: int | str) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich import box
@@ -17,6 +18,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from attnres.errors import AttnresError
 from cli.app import DbOpt, app, console, err
 
+if TYPE_CHECKING:
+    from attnres.backends import Submitted
+
 
 @app.command()
 def variants(
@@ -24,8 +28,8 @@ def variants(
     preset: Annotated[str, typer.Option(help="preset for --params")] = "tiny",
 ) -> None:
     """List every residual variant: name, description, depth sources, extra parameters."""
-    from attnres.listing import PARAMS_NOTE, variant_rows
     from attnres.optim import RULE
+    from attnres.variant_info import PARAMS_NOTE, variant_rows
 
     rows = variant_rows(preset if params else None)
     table = Table(title=f"Residual variants{f' at {preset}' if params else ''}", show_lines=not params,
@@ -57,80 +61,97 @@ def launch(
     kill_if_worse_than: Annotated[str | None, typer.Option(help="early-stop rule: baseline variant")] = None,
     by: Annotated[float, typer.Option(help="early-stop rule: margin in eval loss")] = 0.1,
     at_step: Annotated[int | None, typer.Option(help="early-stop rule: eval step to check")] = None,
-    backend: Annotated[str, typer.Option(help="local | slurm")] = "local",
+    backend: Annotated[str, typer.Option(help="where runs execute: local | slurm")] = "local",
     partition: Annotated[str | None, typer.Option(help="SLURM partition")] = None,
     nodes: Annotated[int, typer.Option(help="SLURM nodes per run")] = 1,
     gpus_per_node: Annotated[int, typer.Option(help="SLURM GPUs per node (0: CPU, --nproc ranks)")] = 0,
     time_limit: Annotated[str | None, typer.Option("--time", help="SLURM time limit")] = None,
+    backend_opt: Annotated[list[str] | None, typer.Option("--backend-opt", help="KEY=VALUE for the backend")] = None,
     db: DbOpt = None,
 ) -> None:
     """Train every VARIANT x seed with torchrun, recording runs and metrics in the database."""
-    from attnres import launch as L
-    from attnres import scheduler, slurm
+    from attnres import orchestrator, planning
+    from attnres.backends import Placement, trainer_command
     from attnres.tracking.db import get_engine, normalize_url
-    from attnres.variants import canonical
 
-    if nproc < 1 or gpus_per_run < 1:
-        raise AttnresError("--nproc and --gpus-per-run must be at least 1")
-    if backend not in {"local", "slurm"}:
-        raise AttnresError(f"unknown backend '{backend}'; choose local or slurm")
-    rule = None
-    if kill_if_worse_than is not None:
-        if at_step is None or at_step < 1:
-            raise AttnresError("--kill-if-worse-than needs --at-step N (an eval step)")
-        rule = {"baseline": canonical(kill_if_worse_than), "by": by, "at_step": at_step}
-    opts = slurm.SlurmOptions(partition, nodes, gpus_per_node, nproc, time_limit)
-    if backend == "slurm":
-        opts.validate()
-    overrides = list(set_ or []) + ([f"steps={steps}"] if steps is not None else [])
+    placement = Placement(nproc, gpus_per_run, nodes, gpus_per_node, partition, time_limit,
+                          key_values(backend_opt or [], "--backend-opt"))
+    req = planning.request(variant, seeds, preset, steps, set_, data, backend, placement, kill_if_worse_than,
+                           by, at_step, force)
+    url = normalize_url(db)
     engine = None if dry_run else get_engine(db)
-    cells = L.plan(engine, variant, list(seeds or [42]), preset, overrides, data, force)
+    cells = planning.plan(engine, req)
     for c in cells:
         state = f"[yellow]skip[/]: {c.skip}" if c.skip else ("[cyan]resume[/] run " + str(c.run_id)
                                                             if c.run_id else "[green]run[/]")
         console.print(f"{c.cfg.variant} seed={c.cfg.seed} preset={c.cfg.preset} steps={c.cfg.train.steps} {state}")
         if dry_run and not c.skip:
-            cmd = L.torchrun_command(c.run_id or "{run_id}", normalize_url(db), nproc)
+            cmd = trainer_command(c.run_id or "{run_id}", url, nproc)
             console.print("  " + shlex.join(cmd), soft_wrap=True, markup=False)
     if dry_run or all(c.skip for c in cells):
         return
-    for name in {c.cfg.data for c in cells if not c.skip}:
-        L.check_data(name)
-    ids = L.enqueue(engine, cells, nproc, rule, backend)
-    if backend == "slurm":
-        for rid, job in slurm.submit(engine, normalize_url(db), ids, opts).items():
-            console.print(f"run {rid}: submitted as SLURM job {job}")
-        return
-    if detach:
-        pid = scheduler.detach(db, ids, nproc, gpus_per_run)
-        console.print(f"queued runs {', '.join(map(str, ids))}; queue running in the background (pid {pid}); "
-                      "follow with `attnres status --watch` or `attnres logs RUN -f`")
-        return
-    _run_with_progress(engine, db, ids, nproc, gpus_per_run)
+    bars = RunBars(engine)
+    try:
+        _, done = orchestrator.launch(engine, url, req, cells, detach=detach, on_queued=bars.watch)
+    finally:
+        bars.close()
+    _show_submitted(engine, done)
 
 
-def _run_with_progress(engine: object, db: str | None, ids: list[int], nproc: int, gpus_per_run: int) -> None:
-    from attnres import scheduler
-    from attnres.launch import logs_dir
-    from attnres.tracking import store
+def key_values(items: list[str], option: str) -> dict[str, str]:
+    """``KEY=VALUE`` strings as a dict (one clear line for one without ``=``)."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise AttnresError(f"bad {option} '{item}': expected KEY=VALUE")
+        out[key] = value
+    return out
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console) as bar:
-        tasks = {}
-        for rid in ids:
-            run = store.get_run(engine, rid)
-            tasks[rid] = bar.add_task(f"run {rid} {run.variant} s{run.seed}", total=run.total_steps)
 
-        def tick() -> None:
-            for rid, task in tasks.items():
-                bar.update(task, completed=store.get_run(engine, rid).step)
+class RunBars:
+    """Progress bars of the runs a submission waits on, shown from its first tick (a detached queue
+    or a cluster submission never ticks, so it shows none)."""
 
-        results = scheduler.run_queue(engine, db, ids, nproc, gpus_per_run, on_tick=tick)
-        tick()
+    def __init__(self, engine: object) -> None:
+        self.engine, self.ids, self.progress, self.tasks = engine, [], None, {}
+
+    def watch(self, ids: list[int]) -> Callable[[], None]:
+        self.ids = ids
+        return self.tick
+
+    def tick(self) -> None:
+        from attnres.tracking import store
+
+        if self.progress is None:
+            columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+            self.progress = Progress(*columns, console=console)
+            self.progress.start()
+            for rid in self.ids:
+                run = store.get_run(self.engine, rid)
+                self.tasks[rid] = self.progress.add_task(f"run {rid} {run.variant} s{run.seed}", total=run.total_steps)
+        for rid, task in self.tasks.items():
+            self.progress.update(task, completed=store.get_run(self.engine, rid).step)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.tick()
+            self.progress.stop()
+
+
+def _show_submitted(engine: object, done: Submitted) -> None:
+    """Print what a submission did; exit 1 when a run it waited for did not finish."""
+    from attnres import paths
+    from attnres.tracking import states, store
+
+    for line in done.lines:
+        console.print(line)
+    results = done.results or {}
     for run_id, status in results.items():
-        color = "green" if status == "finished" else "red"
-        console.print(f"run {run_id}: [{color}]{status}[/] (log: {logs_dir() / f'run-{run_id}.log'})")
-    if any(s != "finished" for s in results.values()):
+        color = "green" if status == states.FINISHED else "red"
+        log = store.get_run(engine, run_id).log_path or paths.run_log(run_id)
+        console.print(f"run {run_id}: [{color}]{status}[/] (log: {log})")
+    if any(s != states.FINISHED for s in results.values()):
         raise typer.Exit(1)
 
 
@@ -141,29 +162,17 @@ def resume(
     db: DbOpt = None,
 ) -> None:
     """Continue interrupted runs (failed, killed, preempted) from their last checkpoint."""
-    import json
-
-    from attnres import scheduler
-    from attnres.config import RunConfig
-    from attnres.tracking import store
-    from attnres.tracking.db import get_engine
-    from attnres.tracking.schema import RESUMABLE
-    from attnres.variants import check_revision
+    from attnres import orchestrator
+    from attnres.tracking.db import get_engine, normalize_url
 
     engine = get_engine(db, create=False)
-    for rid in run:
-        r = store.get_run(engine, rid)
-        if r.status not in RESUMABLE:
-            raise AttnresError(f"run {rid} is {r.status}; only {', '.join(RESUMABLE)} runs can be resumed")
-        check_revision(RunConfig.from_dict(json.loads(r.config_json)), rid)
-    for rid in run:
-        store.update_run(engine, rid, status="queued", ended_at=None, exit_code=None, agent_pid=None)
-    nproc = max(store.get_run(engine, rid).world_size for rid in run)
-    if detach:
-        pid = scheduler.detach(db, run, nproc, 1)
-        console.print(f"resuming runs {', '.join(map(str, run))} in the background (pid {pid})")
-        return
-    _run_with_progress(engine, db, run, nproc, 1)
+    bars = RunBars(engine)
+    bars.watch(list(run))
+    try:
+        done = orchestrator.resume(engine, normalize_url(db), run, detach=detach, on_tick=bars.tick)
+    finally:
+        bars.close()
+    _show_submitted(engine, done)
 
 
 @app.command()
@@ -173,18 +182,12 @@ def kill(
     db: DbOpt = None,
 ) -> None:
     """Stop runs now (their process group, or their SLURM job) and mark them killed."""
-    from attnres import scheduler
-    from attnres.tracking import store
+    from attnres import orchestrator
     from attnres.tracking.db import get_engine
 
-    engine = get_engine(db, create=False)
-    if all_:
-        ids = [r.id for r in store.active_runs(engine)]
-    elif run:
-        ids = [store.get_run(engine, r).id for r in run]
-    else:
+    if not all_ and not run:
         raise AttnresError("name run ids, or pass --all")
-    done = scheduler.kill(engine, ids)
+    done = orchestrator.kill(get_engine(db, create=False), None if all_ else run)
     console.print(f"killed {len(done)} run(s){': ' + ', '.join(map(str, done)) if done else ''}")
 
 
@@ -200,7 +203,7 @@ def logs(
 
     from attnres.tracking import store
     from attnres.tracking.db import get_engine
-    from attnres.tracking.schema import ACTIVE
+    from attnres.tracking.states import ACTIVE
 
     engine = get_engine(db, create=False)
     r = store.get_run(engine, run)
@@ -227,9 +230,9 @@ def status(
     db: DbOpt = None,
 ) -> None:
     """Live state of every run (runs whose process died are marked failed first)."""
-    from attnres import slurm
-    from attnres.launch import reconcile
-    from attnres.listing import grid_rows, status_rows
+    from attnres import orchestrator
+    from attnres.overview import grid_rows, status_rows
+    from attnres.tracking import states
     from attnres.tracking.db import get_engine
 
     engine = get_engine(db, create=False)
@@ -237,8 +240,7 @@ def status(
         from rich.live import Live
 
         def render() -> Table:
-            reconcile(engine)
-            slurm.reconcile(engine)
+            orchestrator.reconcile(engine)
             header, rows = grid_rows(engine)
             table = Table(title="attnres grid (Ctrl-C to leave)")
             for col in header:
@@ -254,8 +256,7 @@ def status(
                     live.update(render())
         except KeyboardInterrupt:
             return
-    reconcile(engine)
-    slurm.reconcile(engine)
+    orchestrator.reconcile(engine)
     rows = status_rows(engine)
     if not rows:
         console.print("no runs yet: start one with `attnres launch standard --seeds 42`")
@@ -264,7 +265,7 @@ def status(
     for col in rows[0]:
         left = col in {"variant", "status"}
         table.add_column(col, justify="left" if left else "right", no_wrap=left)
-    colors = {"finished": "green", "running": "cyan", "queued": "white", "preempted": "yellow"}
+    colors = {states.FINISHED: "green", states.RUNNING: "cyan", states.QUEUED: "white", states.PREEMPTED: "yellow"}
     for row in rows:
         cells = [str(v) for v in row.values()]
         cells[2] = f"[{colors.get(row['status'].split()[0], 'red')}]{cells[2]}[/]"
@@ -281,9 +282,9 @@ def report(
     db: DbOpt = None,
 ) -> None:
     """Write the results document (every table of the hand-made one) from the database."""
-    from attnres.reporting import write_report
     from attnres.tracking.db import get_engine
     from attnres.variants import canonical
+    from reports.build import write_report
 
     write_report(get_engine(db, create=False), out, canonical(baseline), step, plots)
     console.print(f"wrote {out}")
@@ -298,8 +299,8 @@ def compare(
     db: DbOpt = None,
 ) -> None:
     """Compare variants side by side: aligned eval losses, seed statistics, config, cost."""
-    from attnres.reporting import compare as run_compare
     from attnres.tracking.db import get_engine
+    from reports.build import compare as run_compare
 
     result = run_compare(get_engine(db, create=False), variant, step, plot)
     _print_frame(result.aligned, "Eval loss at common steps (seed mean)", ".4f")

@@ -6,11 +6,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from attnres.errors import AttnresError
 from cli.app import DbOpt, app, console, data_app, db_app, err
 
 
@@ -57,11 +55,16 @@ def bench(
     """Benchmarks measured side by side in one process: variants vs standard, data preparation, reports."""
     import json
 
-    from attnres import bench as B
-
     kind = target[0] if target else "variants"
     if kind in {"data", "report"}:
-        result = B.bench_data(megabytes) if kind == "data" else B.bench_report(runs, 6000 if steps is None else steps)
+        if kind == "data":
+            from attnres.bench.data import bench_data
+
+            result = bench_data(megabytes)
+        else:
+            from reports.bench import bench_report
+
+            result = bench_report(runs, 6000 if steps is None else steps)
         if json_out:
             console.print_json(json.dumps(result))
             return
@@ -72,7 +75,7 @@ def bench(
             table.add_row(k, f"{v:,.3f}" if isinstance(v, float) else f"{v:,}")
         console.print(table)
         return
-    from attnres.bench_model import TARGETS, bench_models
+    from attnres.bench.variants import TARGETS, bench_models
 
     names = list(target or TARGETS)
     with Progress(TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
@@ -98,7 +101,7 @@ def bench(
         meets = {None: "", True: "yes", False: "NO"}[r["meets_targets"]]
         table.add_row(r["variant"], f"{r['n_layer']}L d{r['d_model']}", f"{r['tokens_per_s']:,.0f}", speed, spread,
                       peak, f"{r['saved_bytes_per_token']:,.0f}", saved, meets)
-    (console if console.is_terminal else Console(width=140)).print(table)  # files get every column
+    console.print(table)
 
 
 @app.command()
@@ -107,19 +110,15 @@ def sync(
     db: DbOpt = None,
 ) -> None:
     """Write spooled metrics and run states (left when the database was unreachable) into the database."""
-    from attnres.launch import logs_dir
+    from attnres import orchestrator
     from attnres.tracking.db import get_engine
-    from attnres.tracking.writer import ingest_spool
 
-    files = spool or sorted(p for p in logs_dir().glob("*.spool.jsonl") if p.stat().st_size)
-    engine = get_engine(db)
-    total = {"rows": 0, "runs": 0}
-    for path in files:
-        got = ingest_spool(engine, path)
-        total = {k: total[k] + got[k] for k in total}
+    done = orchestrator.sync(get_engine(db), spool)
+    for path, got in done:
         extra = f", {got['runs']} run(s) recreated" if got["runs"] else ""
+        extra += f", {got['skipped']} unreadable line(s) skipped" if got["skipped"] else ""
         console.print(f"{path}: {got['rows']:,} metric rows{extra}")
-    console.print(f"synced {len(files)} spool file(s): {total['rows']:,} rows")
+    console.print(f"synced {len(done)} spool file(s): {sum(g['rows'] for _, g in done):,} rows")
 
 
 @db_app.command("upgrade")
@@ -143,20 +142,10 @@ def data_prepare(
     force: Annotated[bool, typer.Option(help="discard an existing dataset at --out")] = False,
 ) -> None:
     """Tokenize a corpus (GPT-2 BPE) into uint16 shards with a held-out split and a manifest."""
-    from attnres.data.prepare import Source, dataset_path, prepare
+    from attnres.data.prepare import prepare, source_for
 
-    kinds = {"builtin": "builtin", "files": "files", "fineweb-edu": "hub"}
-    if data_files and source == "builtin":
-        source = "files"
-    if source not in kinds:
-        raise AttnresError(f"unknown source '{source}'; choose builtin, files or fineweb-edu")
-    if source == "files" and not data_files:
-        raise AttnresError("--source files needs --data-files PATH_OR_GLOB")
-    if not 0 < eval_fraction < 1:
-        raise AttnresError("--eval-fraction must be between 0 and 1")
-    src = Source(kind=kinds[source], files=list(data_files or []), config=config, max_tokens=max_tokens,
-                 eval_fraction=eval_fraction)
-    target = out or dataset_path(source)
+    src, default = source_for(source, data_files, config, max_tokens, eval_fraction)
+    target = out or default
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[rate]}"),
                   TimeElapsedColumn(), console=console) as bar:
         task = bar.add_task("tokenizing", total=max_tokens or None, rate="")

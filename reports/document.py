@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 import pandas as pd
 
+from attnres.tracking.states import ACTIVE
 from reports.stats import ReportError, common_step
 from reports.tables import completed, cost_benefit, family_comparison, multi_seed, per_variant
 
@@ -65,8 +66,9 @@ def cost_section(table: pd.DataFrame, base: pd.Series, baseline: str) -> str:
 def build_report(runs: pd.DataFrame, evals: pd.DataFrame, descriptions: Mapping[str, str],
                  families: Mapping[str, list[str]], baseline: str = "standard", step: int | None = None,
                  title: str = "AttnRes: Attention Over the Residual Stream — Experimental Results",
-                 figures: Mapping[str, str] | None = None) -> str:
-    """The whole document. ``families`` maps a label (e.g. 'Deep') to variants compared at a common step."""
+                 figures: Mapping[str, str] | None = None, notes: list[str] | None = None) -> str:
+    """The whole document. ``families`` maps a label (e.g. 'Deep') to variants compared at a common step;
+    ``notes`` are said under the main table (e.g. which runs were left out, and why)."""
     if runs.empty:
         raise ReportError("no runs in the database: launch some first (attnres launch ...)")
     comparable = runs[runs["variant"].isin([v for v in runs["variant"].unique()
@@ -80,7 +82,8 @@ def build_report(runs: pd.DataFrame, evals: pd.DataFrame, descriptions: Mapping[
              f"Baseline = {baseline}.\n\n{_md(main)}\n"]
     if main.attrs["footnotes"]:
         parts.append("\n".join(main.attrs["footnotes"]) + "\n")
-    in_progress = runs[runs["status"].isin(["queued", "running"]) & (runs["step"] < step)]
+    parts += [f"{note}\n" for note in notes or []]
+    in_progress = runs[runs["status"].isin(ACTIVE) & (runs["step"] < step)]
     if len(in_progress):
         parts.append("In progress (not yet at step {}): {}.\n".format(
             step, ", ".join(f"{r.variant} s{r.seed} (step {r.step})" for r in in_progress.itertuples())))

@@ -14,8 +14,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-EARLY = ("diverged", "stopped", "failed", "killed")
-MARKS = {"diverged": "diverged", "stopped": "stopped early", "failed": "failed", "killed": "killed"}
+from attnres.tracking.states import DIVERGED, EARLY, FAILED, KILLED, STOPPED
+
+MARKS = {DIVERGED: "diverged", STOPPED: "stopped early", FAILED: "failed", KILLED: "killed"}
 
 
 class ReportError(ValueError):

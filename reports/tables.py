@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from reports.stats import EARLY, ReportError, eval_at, mean_ci, seeds_to_resolve, stars, welch
+from attnres.tracking.states import EARLY
+from reports.stats import ReportError, eval_at, mean_ci, seeds_to_resolve, stars, welch
 
 
 def _fmt_seeds(seeds: list[int]) -> str:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -18,9 +20,10 @@ if "TIKTOKEN_CACHE_DIR" not in os.environ and SHARED_TIKTOKEN.is_dir():
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-# Small, fast runs: full GPT-2 vocabulary (real data) but few tokens per step.
+# Small, fast runs: the full GPT-2 vocabulary (real data), so a narrow model and few tokens per step.
 FAST = ["--set", "batch_size=4", "--set", "eval_batches=2", "--set", "eval_every=10",
-        "--set", "log_every=2", "--set", "warmup=2"]
+        "--set", "log_every=2", "--set", "warmup=2", "--set", "n_layer=2", "--set", "d_model=32",
+        "--set", "n_head=2", "--set", "seq_len=32"]
 
 
 @pytest.fixture(scope="session")
@@ -49,15 +52,53 @@ def stop_leftovers(db: Path) -> None:
     """Kill runs a test left queued or running, so no orphan slows the tests after it."""
     if not db.exists():
         return
-    from attnres import scheduler
-    from attnres.tracking import store
+    from attnres import orchestrator
     from attnres.tracking.db import get_engine
 
     try:
-        engine = get_engine(str(db))
-        scheduler.kill(engine, [r.id for r in store.active_runs(engine)])
+        orchestrator.kill(get_engine(str(db)), None)
     except Exception:  # noqa: BLE001 - a test may leave a corrupt or locked file on purpose
         pass
+
+
+# -- reading what the real processes recorded, and waiting for it ----------------------------------
+def runs(workdir: Path, db: str = "runs.db") -> list[dict]:
+    """Every run row of the test's SQLite file, oldest first."""
+    with sqlite3.connect(workdir / db) as conn:
+        conn.row_factory = sqlite3.Row
+        return [dict(r) for r in conn.execute("select * from runs order by id")]
+
+
+def curve(workdir: Path, run_id: int, key: str, db: str = "runs.db") -> dict[int, float]:
+    """One metric of one run: {step: value}."""
+    with sqlite3.connect(workdir / db) as conn:
+        return dict(conn.execute("select m.step, m.value from metrics m join metric_keys k on k.id = m.key_id "
+                                 "where k.name = ? and m.run_id = ?", (key, run_id)).fetchall())
+
+
+def train_steps(db: Path, run_id: int = 1) -> list[int]:
+    """The steps at which a run logged train loss, in order ([] while the schema is not there)."""
+    try:
+        with sqlite3.connect(db) as conn:
+            return [s for (s,) in conn.execute(
+                "select m.step from metrics m join metric_keys k on k.id = m.key_id "
+                "where k.name = 'train_loss' and m.run_id = ? order by m.step", (run_id,))]
+    except sqlite3.OperationalError:
+        return []
+
+
+def wait_for(predicate, timeout: float = 240, every: float = 0.1):
+    """Poll ``predicate`` until it returns something true (returned), or fail after ``timeout`` s.
+
+    The limits are generous on purpose: a loaded machine is slow, and only the condition decides.
+    """
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {getattr(predicate, '__name__', 'a condition')}")
 
 
 def attnres(*args: str, check: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -103,7 +103,7 @@ def test_the_reference_is_not_trivially_equal_when_parameters_differ():
 
 @pytest.mark.parametrize("name", DEPTH)
 def test_bf16_autocast_training_step_runs_and_stays_close_to_float32(name):
-    """Under autocast the layers hand the kernel bf16 sources next to a float32 embedding."""
+    """Under autocast the layers compute in bf16 and depth attention in float32; a step trains."""
     from attnres.model import GPT
     from attnres.variants import resolve_run
 

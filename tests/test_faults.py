@@ -14,23 +14,12 @@ import textwrap
 import psutil
 import pytest
 from alembic import command
-from conftest import FAST, attnres
-from test_orchestrator import runs, wait_for
+from conftest import FAST, attnres, runs, train_steps, wait_for
 
 from attnres.tracking.db import _alembic
 from attnres.tracking.store import metrics_frame
 
 PG = os.environ.get("ATTNRES_TEST_PG_URL")
-
-
-def train_steps(db, run_id=1) -> list[int]:
-    with sqlite3.connect(db) as conn:
-        try:
-            return [s for (s,) in conn.execute(
-                "select m.step from metrics m join metric_keys k on k.id = m.key_id "
-                "where k.name = 'train_loss' and m.run_id = ? order by m.step", (run_id,))]
-        except sqlite3.OperationalError:  # the schema is not there yet
-            return []
 
 
 WRITER = textwrap.dedent("""

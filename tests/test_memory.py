@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from attnres.bench_model import TARGETS, saved_activation_bytes
+from attnres.bench.variants import TARGETS, saved_activation_bytes
 from attnres.model import GPT
 from attnres.variants import resolve_run
 

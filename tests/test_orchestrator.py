@@ -4,36 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import time
 
 import psutil
-from conftest import FAST, attnres
+from conftest import FAST, attnres, runs, wait_for
 
-from attnres.listing import grid_rows
+from attnres.backends.local import process_alive
+from attnres.overview import grid_rows
 from attnres.tracking.db import get_engine
-
-
-def runs(workdir) -> list[dict]:
-    with sqlite3.connect(workdir / "runs.db") as conn:
-        conn.row_factory = sqlite3.Row
-        return [dict(r) for r in conn.execute("select * from runs order by id")]
-
-
-def curve(workdir, run_id: int, key: str) -> dict[int, float]:
-    with sqlite3.connect(workdir / "runs.db") as conn:
-        return dict(conn.execute("select m.step, m.value from metrics m join metric_keys k on k.id = m.key_id "
-                                 "where k.name = ? and m.run_id = ?", (key, run_id)).fetchall())
-
-
-def wait_for(predicate, timeout: float = 120, every: float = 0.1):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError("timed out waiting")
 
 
 def test_detached_queue_runs_cpu_jobs_one_after_the_other(workdir):
@@ -62,24 +40,14 @@ def test_sigkill_of_a_trainer_is_failed_within_30s_and_the_queue_goes_on(workdir
     wait_for(lambda: runs(workdir)[1]["status"] == "running")  # the next run starts
     status = attnres("status", check=True).stdout
     assert "failed" in status
-    attnres("kill", "--all", check=True)
+    attnres("kill", "2", check=True)
     assert runs(workdir)[1]["status"] == "killed"
-
-
-def test_resume_after_sigkill_reproduces_the_uninterrupted_losses_exactly(workdir):
-    args = ["--steps", "36", *FAST, "--set", "checkpoint_every=4", "--set", "log_every=1"]
-    attnres("launch", "standard", "--seeds", "11", *args, check=True)
-    attnres("launch", "standard", "--seeds", "11", *args, "--force", "--detach", check=True)
-    pid = wait_for(lambda: (r := runs(workdir)[1])["status"] == "running" and 6 <= r["step"] < 30 and r["pid"])
-    os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: runs(workdir)[1]["status"] == "failed")
-    interrupted_at = runs(workdir)[1]["step"]
-    assert interrupted_at < 36
-    out = attnres("resume", "2", check=True).stdout
-    assert "run 2: finished" in out
-    for key in ("train_loss", "eval_loss"):
-        a, b = curve(workdir, 1, key), curve(workdir, 2, key)
-        assert a.keys() == b.keys() and a == b  # bit-identical at every step, before and after the kill
+    interrupted = runs(workdir)[0]["step"]
+    out = attnres("resume", "1", "--detach", check=True).stdout  # continues from its last checkpoint
+    assert "queue running in the background" in out
+    wait_for(lambda: (r := runs(workdir)[0])["status"] == "running" and r["step"] > interrupted)
+    assert runs(workdir)[0]["message"] is None  # the old failure is cleared
+    attnres("kill", "--all", check=True)
 
 
 def test_sigterm_preempts_with_a_checkpoint_and_relaunching_the_grid_resumes(workdir):
@@ -97,19 +65,6 @@ def test_sigterm_preempts_with_a_checkpoint_and_relaunching_the_grid_resumes(wor
     assert len(runs(workdir)) == 1
 
 
-def test_early_stop_rule_stops_a_run_worse_than_the_baseline(workdir):
-    attnres("launch", "standard", "--seeds", "1", "--steps", "10", *FAST, check=True)
-    # a learning rate of ~0 keeps full_attnres at its initial loss, far worse than standard at step 10
-    proc = attnres("launch", "full_attnres", "--seeds", "1", "--steps", "12", *FAST, "--set", "lr=1e-9",
-                   "--kill-if-worse-than", "standard", "--by", "0.1", "--at-step", "10")
-    assert proc.returncode == 1 and "run 2: stopped" in proc.stdout
-    r = runs(workdir)[1]
-    assert (r["status"], r["stop_step"], r["step"]) == ("stopped", 10, 10)
-    assert "worse than standard" in r["message"]
-    report = attnres("report", "--out", "r.md", "--no-plots", check=True)
-    assert report.returncode == 0 and "Stopped early at step 10" in (workdir / "r.md").read_text()
-
-
 def test_diverged_run_records_the_step(workdir):
     proc = attnres("launch", "standard", "--seeds", "1", "--steps", "30", *FAST, "--set", "lr=1e4",
                    "--set", "grad_clip=0", "--set", "log_every=1")
@@ -119,22 +74,21 @@ def test_diverged_run_records_the_step(workdir):
 
 
 def test_kill_of_a_queued_run_means_it_never_starts(workdir):
-    attnres("launch", "standard", "--seeds", "1", "2", "--steps", "400", *FAST, "--detach", check=True)
+    out = attnres("launch", "standard", "--seeds", "1", "2", "--steps", "400", *FAST, "--detach", check=True).stdout
+    queue = int(out.split("(pid ")[1].split(")")[0])
     trainer = wait_for(lambda: (r := runs(workdir)[0])["status"] == "running" and r["pid"])
     attnres("kill", "2", check=True)
     attnres("kill", "1", check=True)
-    wait_for(lambda: not psutil.pid_exists(trainer), timeout=15)  # the whole process tree is gone
-    time.sleep(2)
+    wait_for(lambda: not psutil.pid_exists(trainer))  # the whole process tree is gone ...
+    wait_for(lambda: not process_alive(queue))  # ... and the queue has settled both runs and left
     first, second = runs(workdir)
     assert (first["status"], second["status"]) == ("killed", "killed") and second["started_at"] is None
 
 
 def test_bad_orchestrator_input_is_one_clear_line(workdir):
+    """The CLI's side of what tests/test_planning.py checks in process: one line, exit 2."""
     for args, msg in [(["launch", "standard", "--seeds", "1", "1"], "repeats a seed"),
-                      (["launch", "standard", "--backend", "k8s"], "unknown backend"),
-                      (["launch", "standard", "--kill-if-worse-than", "standard"], "needs --at-step"),
-                      (["launch", "standard", "--preset", "huge"], "unknown preset 'huge'"),
-                      (["launch", "standard", "--set", "n_layers=2"], "did you mean n_layer?")]:
+                      (["launch", "standard", "--backend", "k8s"], "unknown backend")]:
         proc = attnres(*args)
         assert proc.returncode == 2, (args, proc.stderr)
         assert msg in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

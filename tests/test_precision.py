@@ -113,3 +113,44 @@ def test_bf16_logit_and_gradient_error_of_every_variant_is_at_most_twice_standar
         errs = [bf16_errors(name, s) for s in seeds]
         worst[name] = (sum(e[0] for e in errs) / len(errs) / std_logit, sum(e[1] for e in errs) / len(errs) / std_grad)
     assert all(lr <= 2.0 and gr <= 2.0 for lr, gr in worst.values()), worst
+
+
+@pytest.mark.parametrize("per_token,with_prior", [(False, False), (True, False), (False, True)])
+def test_the_kernel_mixes_bf16_and_float32_sources_in_float32(per_token, with_prior, kernel_path):
+    """Called directly with bf16 keys beside a float32 one, the kernel gives what float32 copies give."""
+    from attnres.depth_attend import attend, rms_rsqrt
+
+    torch.manual_seed(3)
+    n_tok, d = 24, 16
+    keys32 = [torch.randn(n_tok, d)] + [torch.randn(n_tok, d).bfloat16().float() for _ in range(3)]
+    u = torch.randn(1, n_tok if per_token else 2, d) * 0.5
+
+    def run(keys: list[torch.Tensor]) -> list[torch.Tensor]:
+        keys = [k.detach().requires_grad_() for k in keys]
+        uu = u.clone().requires_grad_()
+        prior = None
+        if with_prior:
+            p = torch.randn(n_tok, d, requires_grad=True)
+            prior = (p, torch.randn(n_tok))
+        outs, lse, _ = attend(keys, uu, [rms_rsqrt(k, 1e-6) for k in keys], per_token=per_token,
+                              prior=prior if not per_token else None)
+        n_sites = len(outs)
+        outs = outs[:1] if with_prior else outs
+        loss = sum((o.float() * (i + 1)).sum() for i, o in enumerate(outs)) + lse.sum()
+        loss.backward()
+        assert n_sites == (1 if per_token or with_prior else 2)
+        return [o.detach().float() for o in outs] + [uu.grad] + [k.grad.float() for k in keys]
+
+    if with_prior:
+        keys32 = keys32[:3]
+        u = u[:, :1]
+    mixed = [keys32[0]] + [k.bfloat16() for k in keys32[1:]]
+    torch.manual_seed(9)
+    a = run(keys32)
+    torch.manual_seed(9)
+    b = run(mixed)
+    n_out = len(a) - len(keys32) - 1
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        if i > n_out + 1:  # a bf16 key's gradient is that of its float32 copy, rounded to bf16 once
+            x = x.bfloat16().float()
+        assert rel_err(y, x) < 1e-6, i

@@ -9,7 +9,7 @@ import pytest
 from conftest import attnres
 from scipy import stats
 
-from attnres.tracking import store
+from attnres.tracking import states, store
 from attnres.tracking.db import get_engine
 from attnres.variants import resolve_run
 
@@ -21,7 +21,7 @@ def add_run(engine, variant, seed, final_eval, *, steps=100, tps=1000.0, mem=1e9
             stop_step=None, train=None):
     """A run whose eval loss falls linearly from 10 to ``final_eval`` over evals every 25 steps."""
     cfg = resolve_run(variant, "tiny", seed, [f"steps={steps}"])
-    run_id = store.create_run(engine, cfg, status=status)
+    run_id = store.create_run(engine, cfg, status=status, actor=states.IMPORTER)
     last = stop_step if stop_step is not None else steps
     store.update_run(engine, run_id, step=last, stop_step=stop_step)
     rows = []
@@ -144,3 +144,24 @@ def test_import_rejects_files_without_required_columns(workdir):
     (workdir / "bad.csv").write_text("variant,seed,value\nstandard,1,3.0\n")
     proc = attnres("import", "bad.csv")
     assert proc.returncode == 2 and "lacks column(s) step, key" in proc.stderr
+
+
+def test_runs_of_an_earlier_revision_are_left_out_and_named(workdir):
+    """Results before a variant's revision are not comparable: the report names them, apart."""
+    from dataclasses import replace
+
+    from reports.build import write_report
+
+    engine = get_engine(str(workdir / "runs.db"))
+    for seed, v in BASE.items():
+        add_run(engine, "standard", seed, v)
+    add_run(engine, "control_block", 42, 3.02)
+    old = store.create_run(engine, replace(resolve_run("control_block", "tiny", 1337, ["steps=100"]), revision=1),
+                           status="finished", actor=states.IMPORTER)
+    store.update_run(engine, old, step=100)
+    store.log_metrics(engine, old, [(s, "eval_loss", 1.0) for s in range(0, 101, 25)])  # would win by far
+    text = write_report(engine, workdir / "r.md", plots=False)
+    assert f"control_block s1337 (run {old})" in text and "earlier revision" in text
+    assert "1 seed (42)" in text and "1.000" not in text
+    status = attnres("status", check=True).stdout
+    assert "control_block (old revision)" in status

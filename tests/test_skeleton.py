@@ -15,7 +15,8 @@ def eval_curve(db: str, run_id: int) -> list[tuple[int, float]]:
 
 
 def test_launch_two_seeds_records_finished_runs_whose_eval_loss_fell(workdir):
-    proc = attnres("launch", "standard", "--seeds", "42", "1337", "--steps", "20", *FAST, check=True)
+    proc = attnres("launch", "standard", "--seeds", "42", "1337", "--steps", "20", *FAST, "--set", "lr=1e-2",
+                   check=True)
     assert "run 1: finished" in proc.stdout and "run 2: finished" in proc.stdout
     db = str(workdir / "runs.db")
     with sqlite3.connect(db) as conn:

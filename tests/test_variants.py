@@ -230,15 +230,6 @@ def test_value_projection_touches_only_completed_block_summaries():
     assert torch.allclose(out, torch.full((1, 1, 4), 3.0))
 
 
-def test_depth_logits_and_softmax_run_in_float32_under_bf16_autocast():
-    model = tiny("control_block", n_layer=4)
-    res = depth_module(model)
-    res.record = True
-    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
-        model(torch.randint(0, 97, (1, 4)))
-    assert all(r.weights.dtype == torch.float32 for r in res.records)
-
-
 def test_deep_variants_match_the_parameter_count_of_the_24_layer_model():
     counts = {}
     for name in ["standard", "deep_baseline", "control_block", "deep_control_block", "deep_hybrid_memory"]:
@@ -355,7 +346,8 @@ def test_resume_refuses_a_run_recorded_by_an_earlier_revision(workdir):
     from attnres.tracking.db import get_engine
 
     engine = get_engine(str(workdir / "runs.db"))
-    old = store.create_run(engine, replace(resolve_run("control_block", "tiny", 42), revision=1), status="failed")
+    old = store.create_run(engine, replace(resolve_run("control_block", "tiny", 42), revision=1), status="failed",
+                           actor="importer")
     proc = attnres("resume", str(old))
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "revision 1 of control_block" in proc.stderr
@@ -370,3 +362,30 @@ def test_launching_a_deep_variant_on_deep48_is_one_line_and_exit_2(workdir):
     assert proc.stderr.strip().count("\n") == 0 and "--preset paper500m" in proc.stderr
     ok = attnres("launch", "deep_baseline", "--preset", "paper500m", "--seeds", "1", "--dry-run", check=True)
     assert "deep_baseline seed=1 preset=paper500m" in ok.stdout
+
+
+def test_variants_params_at_deep48_lists_the_deep_variants_as_refused():
+    from attnres.variant_info import variant_rows
+
+    rows = {r["variant"]: r for r in variant_rows("deep48")}
+    assert rows["control_block"]["shape"] == "48L d1080"
+    refused = [v for v, r in rows.items() if r["shape"] == "refused"]
+    assert refused == ["deep_baseline", "deep_control_block", "deep_hybrid_memory"]
+    assert all("use --preset paper500m" in rows[v]["total"] for v in refused)
+
+
+def test_resume_of_an_imported_run_is_one_line(workdir):
+    from conftest import attnres
+
+    (workdir / "m.csv").write_text("variant,seed,step,key,value,status\nstandard,1,10,eval_loss,3.0,failed\n")
+    attnres("import", "m.csv", check=True)
+    proc = attnres("resume", "1")
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "imported" in proc.stderr
+
+
+@pytest.mark.parametrize("name", sorted(n for n, v in VARIANTS.items() if v.residual.kind == "depth"))
+def test_the_source_plan_is_what_the_forward_attends_to(name):
+    """`attnres variants` reads the plan; the forward must agree with it site by site."""
+    model = tiny(name, n_layer=11)
+    got = [list(zip(r.kinds, r.positions, strict=True)) for r in record(model, torch.randint(0, 97, (1, 3)))]
+    assert got == depth_module(model).source_plan()

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnres import paths
 from attnres.data import corpus
 from attnres.data.tokenizer import ENCODING, EOT, VOCAB, get_encoding
 from attnres.errors import AttnresError
@@ -56,6 +57,31 @@ class Source:
         if self.kind == "files":
             d["files"] = [str(Path(f).resolve()) for f in corpus._expand(self.files)]
         return d
+
+
+#: the names ``attnres data prepare --source`` takes, and the kind of :class:`Source` each is
+SOURCE_NAMES = {"builtin": "builtin", "files": "files", "fineweb-edu": "hub"}
+
+
+def source_for(name: str, data_files: list[str] | None = None, config: str = corpus.FINEWEB_CONFIG,
+               max_tokens: int = 0, eval_fraction: float = 0.1) -> tuple[Source, Path]:
+    """The :class:`Source` a user named and where its dataset goes by default (``data/<name>``).
+
+    Files given without a source mean ``files``. Bad combinations are one clear line.
+    """
+    if data_files and name == "builtin":
+        name = "files"
+    if name not in SOURCE_NAMES:
+        raise AttnresError(f"unknown source '{name}'; choose {', '.join(SOURCE_NAMES)}")
+    if name == "files" and not data_files:
+        raise AttnresError("--source files needs --data-files PATH_OR_GLOB")
+    if not 0 < eval_fraction < 1:
+        raise AttnresError("--eval-fraction must be between 0 and 1")
+    if max_tokens < 0:
+        raise AttnresError("--max-tokens must be 0 (no cap) or more")
+    src = Source(kind=SOURCE_NAMES[name], files=list(data_files or []), config=config, max_tokens=max_tokens,
+                 eval_fraction=eval_fraction)
+    return src, paths.dataset(name)
 
 
 @dataclass
@@ -187,17 +213,6 @@ def prepare(source: Source, out: Path, shard_tokens: int = 50_000_000, batch_doc
     return Summary(out, done, tokens, time.perf_counter() - t0, skipped=False)
 
 
-def data_root() -> Path:
-    """Where named datasets live: ``$ATTNRES_DATA`` or ``./data``."""
-    return Path(os.environ.get("ATTNRES_DATA", "data"))
-
-
-def dataset_path(name: str) -> Path:
-    """A dataset name ('builtin', or a folder under the data root) or a path to a folder."""
-    p = Path(name)
-    return p if (p.is_absolute() or len(p.parts) > 1) else data_root() / name
-
-
 def ensure_builtin() -> Path:
     """Prepare the built-in corpus once; later calls return at once."""
-    return prepare(Source(kind="builtin"), dataset_path("builtin")).path
+    return prepare(Source(kind="builtin"), paths.dataset("builtin")).path

@@ -11,15 +11,14 @@ from alembic.config import Config as AlembicConfig
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
 
+from attnres import paths
 from attnres.errors import AttnresError
 from attnres.tracking.schema import Base
-
-DEFAULT_DB = "runs.db"
 
 
 def default_url() -> str:
     """``$ATTNRES_DB`` or ``./runs.db``."""
-    return os.environ.get("ATTNRES_DB", DEFAULT_DB)
+    return paths.default_db()
 
 
 def normalize_url(db: str | None) -> str:

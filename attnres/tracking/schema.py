@@ -12,10 +12,6 @@ from datetime import datetime
 from sqlalchemy import DateTime, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-STATES = ("queued", "running", "finished", "failed", "killed", "diverged", "stopped", "preempted")
-ACTIVE = ("queued", "running")
-RESUMABLE = ("failed", "killed", "preempted")  # relaunching continues these from their checkpoint
-
 
 class Base(DeclarativeBase):
     pass
@@ -31,7 +27,7 @@ class Run(Base):
     data: Mapped[str] = mapped_column(String(512), default="builtin")
     config_json: Mapped[str] = mapped_column(Text)
     config_hash: Mapped[str] = mapped_column(String(16), index=True)
-    status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    status: Mapped[str] = mapped_column(String(16), index=True)  # see attnres.tracking.states
     total_steps: Mapped[int] = mapped_column(Integer)
     step: Mapped[int] = mapped_column(Integer, default=0)  # last completed step
     created_at: Mapped[datetime] = mapped_column(DateTime)

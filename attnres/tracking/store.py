@@ -1,7 +1,8 @@
-"""Reading and writing runs and metrics. Every query goes through SQLAlchemy.
+"""Reading and writing runs and metrics: every query of attnres goes through SQLAlchemy, here.
 
 Writes of metrics are batched Core inserts that ignore rows already present (unique
-run/key/step), so replaying a batch after a retry records each value exactly once.
+run/key/step), so replaying a batch after a retry records each value exactly once. A run's
+``status`` is not written here: :mod:`attnres.tracking.states` owns it.
 """
 
 from __future__ import annotations
@@ -15,26 +16,24 @@ from sqlalchemy import Engine, delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from attnres import paths
 from attnres.config import RunConfig
 from attnres.errors import AttnresError
-from attnres.tracking.schema import ACTIVE, Metric, MetricKey, Run
+from attnres.tracking import states
+from attnres.tracking.schema import Metric, MetricKey, Run
 
 
 def now() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
 
 
-def create_run(engine: Engine, cfg: RunConfig, status: str = "queued", world_size: int = 1,
-               git_commit: str | None = None, log_path: str | None = None) -> int:
-    """Insert a run row and return its id."""
-    with Session(engine) as s:
-        run = Run(variant=cfg.variant, seed=cfg.seed, preset=cfg.preset, data=cfg.data,
-                  config_json=cfg.to_json(), config_hash=cfg.config_hash, status=status,
-                  total_steps=cfg.train.steps, created_at=now(), world_size=world_size,
-                  git_commit=git_commit, log_path=log_path)
-        s.add(run)
-        s.commit()
-        return run.id
+def create_run(engine: Engine, cfg: RunConfig, world_size: int = 1, git_commit: str | None = None,
+               log_path: str | None = None, actor: str = states.LAUNCHER, status: str = states.QUEUED) -> int:
+    """Insert a run row for ``cfg`` (a queued run of the launcher's, by default) and return its id."""
+    return states.create(engine, actor, status, variant=cfg.variant, seed=cfg.seed,
+                         preset=cfg.preset, data=cfg.data, config_json=cfg.to_json(), config_hash=cfg.config_hash,
+                         total_steps=cfg.train.steps, step=0, created_at=now(), world_size=world_size,
+                         git_commit=git_commit, log_path=log_path)
 
 
 def get_run(engine: Engine, run_id: int) -> Run:
@@ -46,10 +45,19 @@ def get_run(engine: Engine, run_id: int) -> Run:
         return run
 
 
+def status_of(engine: Engine, run_id: int) -> str | None:
+    """A run's status now (None: no such run)."""
+    with engine.connect() as conn:
+        return conn.execute(select(Run.status).where(Run.id == run_id)).scalar()
+
+
 def update_run(engine: Engine, run_id: int, **fields: object) -> None:
-    with Session(engine) as s:
-        s.execute(update(Run).where(Run.id == run_id).values(**fields))
-        s.commit()
+    """Change a run's bookkeeping columns (step, heartbeat, pids, ...); never its status."""
+    if "status" in fields:
+        raise states.TransitionError("a run's status changes through attnres.tracking.states.transition")
+    if fields:
+        with engine.begin() as conn:
+            conn.execute(update(Run).where(Run.id == run_id).values(**fields))
 
 
 def runs_with_config(engine: Engine, config_hash: str) -> list[tuple[int, str]]:
@@ -57,6 +65,12 @@ def runs_with_config(engine: Engine, config_hash: str) -> list[tuple[int, str]]:
     with Session(engine) as s:
         return [tuple(r) for r in s.execute(select(Run.id, Run.status).where(Run.config_hash == config_hash)
                                             .order_by(Run.id)).all()]
+
+
+def run_with_hash(engine: Engine, config_hash: str) -> int | None:
+    """The id of the first run with this config hash (imports use it as their identity)."""
+    with engine.connect() as conn:
+        return conn.execute(select(Run.id).where(Run.config_hash == config_hash).order_by(Run.id)).scalar()
 
 
 # -- metrics --------------------------------------------------------------------------------------
@@ -139,9 +153,17 @@ def latest_metrics(engine: Engine, keys: Sequence[str], run_ids: Sequence[int]) 
 
 def active_runs(engine: Engine) -> list[Run]:
     with Session(engine, expire_on_commit=False) as s:
-        runs = list(s.scalars(select(Run).where(Run.status.in_(ACTIVE))))
+        runs = list(s.scalars(select(Run).where(Run.status.in_(states.ACTIVE))))
         s.expunge_all()
         return runs
+
+
+def all_metrics(engine: Engine) -> pd.DataFrame:
+    """Every metric row (run_id, key, step, value), ordered: what ``attnres export`` writes."""
+    q = (select(Metric.run_id, MetricKey.name.label("key"), Metric.step, Metric.value)
+         .join(MetricKey, MetricKey.id == Metric.key_id).order_by(Metric.run_id, MetricKey.name, Metric.step))
+    with engine.connect() as conn:
+        return pd.DataFrame(conn.execute(q).all(), columns=["run_id", "key", "step", "value"])
 
 
 def drop_metrics_after(engine: Engine, run_id: int, step: int) -> None:
@@ -179,7 +201,4 @@ def run_fields(engine: Engine, run_id: int) -> dict[str, object]:
 
 def spool_path(run: Run) -> Path:
     """Where a run's spool lives: beside its log."""
-    from attnres.launch import logs_dir
-
-    base = Path(run.log_path) if run.log_path else logs_dir() / f"run-{run.id}.log"
-    return base.with_suffix(".spool.jsonl")
+    return paths.spool_of(Path(run.log_path) if run.log_path else paths.run_log(run.id))

@@ -1,28 +1,26 @@
 """A metric writer that never blocks or kills training and never loses a recorded value.
 
-Every row is first appended to the run's *spool* (an append-only JSONL write-ahead log beside its
-log file), then written to the database in batches by a background thread. A "database is
-locked" error is retried; an unreachable, read-only or deleted database leaves the rows in the
-spool, and the next successful write (or ``attnres sync``) ingests them. Rows are unique per
-(run, key, step), so ingesting a spool twice records each value once. The spool is emptied only
-when everything in it is in the database.
+Every value and every change of the run is first appended to the run's *spool* (see
+:mod:`attnres.tracking.spool`), then written to the database in batches by a background thread. A
+"database is locked" error is retried; an unreachable, read-only or deleted database leaves the
+rows in the spool, and the next successful write (or ``attnres sync``) ingests them. The spool is
+emptied only when everything in it is in the database.
+
+The writer speaks for the trainer: its state changes go through :mod:`attnres.tracking.states`
+as the ``trainer`` actor, so a run killed or failed meanwhile keeps that end.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import threading
 from pathlib import Path
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session
 
 from attnres.errors import AttnresError
-from attnres.tracking import store
-from attnres.tracking.schema import ACTIVE, Run
+from attnres.tracking import spool, states, store
 
 
 def _sqlite_file(engine: Engine) -> Path | None:
@@ -34,13 +32,15 @@ def _sqlite_file(engine: Engine) -> Path | None:
 class MetricWriter:
     """Buffered, background, spool-backed writer of one run's metrics and state."""
 
-    def __init__(self, engine: Engine, run_id: int, spool: Path, interval: float = 2.0) -> None:
-        self.engine, self.run_id, self.spool, self.interval = engine, run_id, Path(spool), interval
+    def __init__(self, engine: Engine, run_id: int, spool_path: Path, interval: float = 2.0) -> None:
+        self.engine, self.run_id, self.spool, self.interval = engine, run_id, Path(spool_path), interval
         self.db_file = _sqlite_file(engine)
         self.lock = threading.Lock()
         self.pending: list[tuple[int, str, float]] = []
-        self.state: dict[str, object] = {}
+        self.fields: dict[str, object] = {}  # bookkeeping columns, latest value wins
+        self.moves: list[tuple[str, dict[str, object]]] = []  # state changes, in order
         self.snapshot: dict[str, object] = {}  # the whole run row, kept at the spool's head
+        self.refused: list[tuple[str, str | None]] = []  # (asked, what the run was): an end decided elsewhere
         self.spool_ok = True
         self.failures = 0
         self.wake = threading.Event()
@@ -52,13 +52,13 @@ class MetricWriter:
         self.thread.start()
 
     # -- producer side (training thread) ----------------------------------------------------------
-    def _append(self, obj: dict) -> None:
+    def _append(self, line: str) -> None:
         if not self.spool_ok:
             return
         try:
             if self._fh is None:
                 self._fh = self.spool.open("a", encoding="utf-8")
-            self._fh.write(json.dumps(obj) + "\n")
+            self._fh.write(line)
             self._fh.flush()  # into the OS: survives SIGKILL of this process
         except OSError as exc:  # disk full, unwritable folder: keep rows in memory, keep training
             self.spool_ok = False
@@ -66,19 +66,34 @@ class MetricWriter:
                   file=sys.stderr, flush=True)
 
     def add(self, step: int, **values: float) -> None:
+        """Record metric values of one step."""
         with self.lock:
             for key, value in values.items():
-                self._append({"r": self.run_id, "s": step, "k": key, "v": value})
+                self._append(spool.metric_line(self.run_id, step, key, value))
                 self.pending.append((step, key, value))
 
     def update_run(self, **fields: object) -> None:
-        """Record run-state changes (status, step, heartbeat) with the same guarantees."""
-        fields = {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in fields.items()}
+        """Record bookkeeping columns (step, heartbeat, pid, ...) with the same guarantees."""
         with self.lock:
-            self._append({"run": self.run_id, "fields": fields})
-            self.state.update(fields)
-            if "config_json" in fields or self.snapshot:
+            self._append(spool.fields_line(self.run_id, fields))
+            self.fields.update(fields)
+            if self.snapshot:
                 self.snapshot.update(fields)
+
+    def transition(self, to: str, **fields: object) -> None:
+        """Record that the trainer moved its run to ``to`` (with columns that go with the change)."""
+        states.sources(states.TRAINER, to)  # a state the trainer may never set fails here, at once
+        with self.lock:
+            self._append(spool.fields_line(self.run_id, {"status": to, **fields}))
+            self.moves.append((to, fields))
+            if self.snapshot:
+                self.snapshot.update(status=to, **fields)
+
+    def keep_snapshot(self, row: dict[str, object]) -> None:
+        """Keep the run's whole row in the spool, so a lost database can be rebuilt from it."""
+        with self.lock:
+            self.snapshot = dict(row)
+            self._append(spool.snapshot_line(self.run_id, self.snapshot))
 
     def flush(self, timeout: float = 60.0) -> bool:
         """Write everything now; True if the database holds it all."""
@@ -86,7 +101,7 @@ class MetricWriter:
         self.wake.set()
         self.idle.wait(timeout)
         with self.lock:
-            return not self.pending and not self.state and self.failures == 0
+            return not self.pending and not self.fields and not self.moves and self.failures == 0
 
     def close(self, timeout: float = 60.0) -> bool:
         ok = self.flush(timeout)
@@ -94,7 +109,10 @@ class MetricWriter:
         self.wake.set()
         self.thread.join(timeout)
         if self._fh is not None:
-            self._fh.close()
+            try:
+                self._fh.close()
+            except OSError:  # the disk filled under the last buffered line: it is still in memory
+                pass
         return ok
 
     # -- consumer side (background thread) --------------------------------------------------------
@@ -110,19 +128,24 @@ class MetricWriter:
     def _write_once(self) -> None:
         with self.lock:
             rows, self.pending = self.pending, []
-            state, self.state = self.state, {}
+            fields, self.fields = self.fields, {}
+            moves, self.moves = self.moves, []
         try:
             if self.db_file is not None and not self.db_file.exists():
                 raise OSError(f"database file {self.db_file} is gone")
             if self.failures and self.spool.exists():
-                ingest_spool(self.engine, self.spool, truncate=False)  # what earlier failures left
+                spool.ingest(self.engine, self.spool, truncate=False)  # what earlier failures left
             store.log_metrics(self.engine, self.run_id, rows)
-            if state:
-                store.update_run(self.engine, self.run_id, **_respecting_kill(self.engine, self.run_id, state))
+            store.update_run(self.engine, self.run_id, **store.parse_times(fields))
+            for to, extra in moves:
+                outcome = states.transition(self.engine, self.run_id, to, states.TRAINER, **store.parse_times(extra))
+                if not outcome and outcome.status != to:
+                    self.refused.append((to, outcome.status))
         except (SQLAlchemyError, OSError, AttnresError) as exc:
             with self.lock:
                 self.pending = rows + self.pending
-                self.state = {**state, **self.state}
+                self.fields = {**fields, **self.fields}
+                self.moves = moves + self.moves
             if self.failures == 0:
                 print(f"attnres: database write failed ({str(exc).splitlines()[0][:200]}); "
                       f"spooling to {self.spool}", file=sys.stderr, flush=True)
@@ -130,59 +153,8 @@ class MetricWriter:
             return
         with self.lock:
             self.failures = 0
-            if not self.pending and not self.state and self.spool_ok and self._fh is not None:
+            if not self.pending and not self.fields and not self.moves and self.spool_ok and self._fh is not None:
                 self._fh.truncate(0)  # all of it is in the database now ...
                 self._fh.seek(0)
                 if self.snapshot:  # ... but keep what rebuilds the run should the database be lost
-                    self._append({"run": self.run_id, "fields": self.snapshot})
-
-
-def _respecting_kill(engine: Engine, run_id: int, fields: dict[str, object]) -> dict[str, object]:
-    """A run the user killed stays killed, whatever the dying run reports (e.g. 'preempted')."""
-    with Session(engine) as s:
-        current = s.scalar(select(Run.status).where(Run.id == run_id))
-    if current == "killed":
-        fields = {k: v for k, v in fields.items() if k not in {"status", "message", "ended_at"}}
-    return store.parse_times(fields)
-
-
-def ingest_spool(engine: Engine, spool: Path, truncate: bool = True) -> dict[str, int]:
-    """Write a spool's rows and run states into the database (idempotent); empty it after."""
-    spool = Path(spool)
-    if not spool.exists():
-        return {"rows": 0, "runs": 0}
-    metrics: dict[int, list[tuple[int, str, float]]] = {}
-    states: dict[int, dict[str, object]] = {}
-    with spool.open(encoding="utf-8") as fh:
-        for line in fh:
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a crash: its value was never acknowledged
-            if "run" in obj:
-                states.setdefault(int(obj["run"]), {}).update(obj["fields"])
-            else:
-                metrics.setdefault(int(obj["r"]), []).append((int(obj["s"]), obj["k"], float(obj["v"])))
-    created = 0
-    for run_id, fields in states.items():
-        with Session(engine) as s:
-            status = s.scalar(select(Run.status).where(Run.id == run_id))
-        if status is not None:
-            if status not in ACTIVE and fields.get("status") in ACTIVE:
-                fields = {k: v for k, v in fields.items() if k != "status"}  # an end decided elsewhere wins
-            store.update_run(engine, run_id, **_respecting_kill(engine, run_id, fields))
-        elif "config_json" in fields:  # the database was replaced: recreate the run from the spool
-            with Session(engine) as s:
-                s.add(Run(id=run_id, **store.parse_times(fields)))
-                s.commit()
-            created += 1
-    rows = 0
-    for run_id, items in metrics.items():
-        with Session(engine) as s:
-            if s.scalar(select(Run.id).where(Run.id == run_id)) is None:
-                raise AttnresError(f"spool {spool} holds metrics of run {run_id}, which this database lacks")
-        for start in range(0, len(items), 5000):
-            rows += store.log_metrics(engine, run_id, items[start:start + 5000])
-    if truncate:
-        os.truncate(spool, 0)
-    return {"rows": rows, "runs": created}
+                    self._append(spool.snapshot_line(self.run_id, self.snapshot))

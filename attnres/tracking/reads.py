@@ -1,4 +1,4 @@
-"""Gather what reports need from the database, as DataFrames (the only I/O of reporting).
+"""What reports read from the database, as DataFrames (the only database reads of reporting).
 
 A report reads only what it shows: the run rows; eval loss at the compared step, each run's
 last eval, and the eval curves (thinned to about ``CURVE_POINTS`` per run when there are very
@@ -8,14 +8,15 @@ millions of metric rows stays well under a second or two.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 from sqlalchemy import Engine, func, select
 
 from attnres.tracking import store
 from attnres.tracking.schema import Metric, MetricKey
-from reports.stats import EARLY
+from attnres.tracking.states import EARLY
+from attnres.variants import superseded
 
 CURVE_POINTS = 200
 FULL_CURVES_UP_TO = 200_000  # eval rows; above this, curves are thinned
@@ -30,11 +31,14 @@ class Results:
     evals: long table (run_id, step, value) of eval loss: every point, or a thinned curve that
            always keeps ``step`` and each run's last eval.
     step:  the largest eval step every live run reached (None if there is none).
+    superseded: runs left out because an earlier revision of their variant trained them (id,
+           variant, seed): they are not comparable with runs of the current revision.
     """
 
     runs: pd.DataFrame
     evals: pd.DataFrame
     step: int | None
+    superseded: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def _per_run(engine: Engine, key: str, agg: object, run_ids: list[int], column: object = None) -> pd.Series:
@@ -71,6 +75,9 @@ def load_results(engine: Engine, variants: list[str] | None = None, step: int | 
     runs = store.runs_frame(engine)
     if variants is not None:
         runs = runs[runs["variant"].isin(variants)]
+    old = [superseded(v, c) for v, c in zip(runs["variant"], runs["config_json"], strict=True)]
+    old_runs = runs.loc[old, ["id", "variant", "seed"]].reset_index(drop=True)
+    runs = runs.loc[[not o for o in old]]
     ids = runs["id"].astype(int).tolist()
     last_step = _per_run(engine, "eval_loss", func.max, ids, Metric.step) if ids else pd.Series(dtype=float)
     n_rows = int(_per_run(engine, "eval_loss", func.count, ids).sum()) if ids else 0
@@ -106,4 +113,5 @@ def load_results(engine: Engine, variants: list[str] | None = None, step: int | 
     runs["final_train_loss"] = final_train
     runs["tokens_per_s"] = _per_run(engine, "tokens_per_s", func.avg, ids) if ids else float("nan")
     runs["peak_memory_bytes"] = _per_run(engine, "peak_memory_bytes", func.max, ids) if ids else float("nan")
-    return Results(runs.reset_index(drop=True), evals.sort_values(["run_id", "step"], ignore_index=True), common)
+    return Results(runs.reset_index(drop=True), evals.sort_values(["run_id", "step"], ignore_index=True), common,
+                   old_runs)

@@ -1,4 +1,8 @@
-"""Write the results document and its figures: database -> DataFrames -> reports -> files."""
+"""Where the report package meets the database and the disk: the only module of reports/ with I/O.
+
+database (through :mod:`attnres.tracking.reads`) -> DataFrames -> the pure modules of this package
+-> markdown and PNG files. The library never imports reports/; reports build on the library.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import pandas as pd
 from sqlalchemy import Engine
 
 from attnres.errors import AttnresError
-from attnres.results import load_results
+from attnres.tracking.reads import load_results
 from attnres.variants import VARIANTS, canonical
 from reports import compare as cmp
 from reports.document import build_report
@@ -54,7 +58,13 @@ def write_report(engine: Engine, out: Path, baseline: str = "standard", step: in
             if baseline in set(table["variant"]):
                 throughput_vs_delta(table, baseline).savefig(fig_dir / "throughput_vs_delta.png", dpi=110)
                 figures["Throughput vs eval-loss Δ"] = "reports/throughput_vs_delta.png"
-        text = build_report(res.runs, res.evals, descriptions, families(), baseline, step, figures=figures)
+        notes = []
+        if len(res.superseded):
+            old = ", ".join(f"{r.variant} s{r.seed} (run {r.id})" for r in res.superseded.itertuples())
+            notes.append(f"Not compared: {old}, trained by an earlier revision of the variant "
+                         "(`attnres variants` lists what changed); launch them again to include them.")
+        text = build_report(res.runs, res.evals, descriptions, families(), baseline, step, figures=figures,
+                            notes=notes)
     except ReportError as exc:
         raise AttnresError(f"cannot build the report: {exc}") from None
     out.write_text(text)

@@ -1,0 +1,121 @@
+"""The SLURM backend: one sbatch job per run, ``srun torchrun`` with a c10d rendezvous across nodes.
+
+The job is requeueable; a requeued (preempted) job starts the trainer again, which continues
+from the run's last checkpoint. The database records the job id; poll and kill go through
+``squeue`` and ``scancel``. For jobs that span machines, point ``--db`` at PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from sqlalchemy import Engine
+
+from attnres import paths
+from attnres.backends import ALIVE, GONE, UNKNOWN, Backend, Placement, Submitted, trainer_command
+from attnres.errors import AttnresError
+from attnres.tracking import store
+from attnres.tracking.schema import Run
+
+_TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def check(p: Placement) -> None:
+    """Refuse options that would not make a valid sbatch script."""
+    if p.partition is not None and not _NAME.match(p.partition):
+        raise AttnresError(f"bad --partition '{p.partition}'")
+    if p.time_limit is not None and not _TIME.match(p.time_limit):
+        raise AttnresError(f"bad --time '{p.time_limit}': use D-HH:MM:SS, HH:MM:SS or minutes")
+    if p.nodes < 1 or p.gpus_per_node < 0 or p.nproc < 1:
+        raise AttnresError("--nodes and --nproc must be >= 1, --gpus-per-node >= 0")
+    if p.options:
+        raise AttnresError(f"the slurm backend takes no --backend-opt (got {', '.join(p.options)})")
+
+
+def script(run_id: int, db_url: str, p: Placement, workdir: Path, log: Path) -> str:
+    """The sbatch script of one run. Every interpolated value is validated or shell-quoted."""
+    per_node = p.gpus_per_node or p.nproc
+    lines = ["#!/bin/bash", f"#SBATCH --job-name=attnres-{run_id}", f"#SBATCH --nodes={p.nodes}",
+             "#SBATCH --ntasks-per-node=1", f"#SBATCH --output={shlex.quote(str(log))}", "#SBATCH --open-mode=append",
+             f"#SBATCH --chdir={shlex.quote(str(workdir))}", "#SBATCH --requeue",
+             f"#SBATCH --cpus-per-task={per_node}"]
+    if p.gpus_per_node:
+        lines.append(f"#SBATCH --gpus-per-node={p.gpus_per_node}")
+    if p.partition:
+        lines.append(f"#SBATCH --partition={p.partition}")
+    if p.time_limit:
+        lines.append(f"#SBATCH --time={p.time_limit}")
+    rdzv = ["--nnodes=$SLURM_NNODES", "--rdzv_id=$SLURM_JOB_ID", "--rdzv_backend=c10d", "--rdzv_endpoint=$HEAD:$PORT"]
+    # the rendezvous arguments are ours and name shell variables; everything else is quoted
+    args = trainer_command(int(run_id), db_url, per_node, rdzv)
+    cmd = " ".join(f'"{a}"' if a in rdzv else shlex.quote(a) for a in args)
+    lines += ['HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+              "PORT=$((29500 + SLURM_JOB_ID % 1000))",
+              f'echo "attnres run {int(run_id)} job $SLURM_JOB_ID restart ${{SLURM_RESTART_COUNT:-0}} on $HEAD"',
+              f"srun --kill-on-bad-exit=1 {cmd}"]
+    return "\n".join(lines) + "\n"
+
+
+def _run(args: list[str]) -> str:
+    try:
+        out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    except FileNotFoundError:
+        raise AttnresError(f"'{args[0]}' not found: is SLURM installed on this machine?") from None
+    if out.returncode != 0:
+        raise AttnresError(f"{args[0]} failed: {(out.stderr or out.stdout).strip().splitlines()[-1:]}")
+    return out.stdout.strip()
+
+
+def job_states(job_ids: list[str]) -> dict[str, str]:
+    """SLURM states (PENDING, RUNNING, ...) of the jobs squeue still knows."""
+    if not job_ids:
+        return {}
+    out = _run(["squeue", "-h", "-o", "%i %T"])  # all jobs: -j fails on ids squeue forgot
+    states = dict(line.split()[:2] for line in out.splitlines() if line.strip())
+    return {j: states[j] for j in job_ids if j in states}
+
+
+class SlurmBackend(Backend):
+    """One sbatch job per run."""
+
+    name = "slurm"
+
+    def check(self, placement: Placement) -> None:
+        check(placement)
+
+    def submit(self, engine: Engine, db_url: str, run_ids: Sequence[int], placement: Placement, *,
+               detach: bool = False, on_tick: Callable[[], None] | None = None) -> Submitted:
+        """Write and submit one sbatch script per run; record the job ids. SLURM jobs never block."""
+        check(placement)
+        done = Submitted()
+        for rid in run_ids:
+            run = store.get_run(engine, rid)
+            log = Path(run.log_path) if run.log_path else paths.run_log(rid)
+            path = paths.sbatch_script(log)
+            path.write_text(script(rid, db_url, placement, Path.cwd(), log))
+            job = _run(["sbatch", "--parsable", str(path)]).split(";")[0]
+            store.update_run(engine, rid, job_id=job)
+            done.lines.append(f"run {rid}: submitted as SLURM job {job}")
+        return done
+
+    def poll(self, runs: Sequence[Run]) -> dict[int, tuple[str, str]]:
+        """A run is alive while squeue knows its job; gone when squeue has forgotten it."""
+        jobs = [r for r in runs if r.job_id]
+        try:
+            known = job_states([r.job_id for r in jobs])
+        except AttnresError:  # squeue unreachable: no verdict
+            return {r.id: (UNKNOWN, "") for r in runs}
+        out = {r.id: (UNKNOWN, "") for r in runs}
+        for r in jobs:
+            out[r.id] = (ALIVE, known[r.job_id]) if r.job_id in known else (
+                GONE, f"SLURM job {r.job_id} ended without recording an end")
+        return out
+
+    def kill(self, run: Run) -> None:
+        if run.job_id:
+            _run(["scancel", str(run.job_id)])

@@ -1,0 +1,106 @@
+"""The verbs that act on runs: launch, resume, kill, reconcile, sync.
+
+Each is planning (:mod:`attnres.planning`), state changes (:mod:`attnres.tracking.states`) and a
+backend (:mod:`attnres.backends`) put together; the CLI calls these and renders what they return.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from sqlalchemy import Engine
+
+from attnres import backends, paths
+from attnres.backends import Placement, Submitted
+from attnres.config import RunConfig
+from attnres.errors import AttnresError
+from attnres.planning import LaunchRequest, PlannedRun, check_data, git_commit
+from attnres.tracking import spool, states, store
+from attnres.variants import check_revision
+
+#: what reopening a run clears: the end and the message of its last attempt
+_REOPENED = {"ended_at": None, "exit_code": None, "message": None, "stop_step": None, "agent_pid": None}
+
+
+def enqueue(engine: Engine, cells: Sequence[PlannedRun], req: LaunchRequest) -> list[int]:
+    """Create queued run rows (or reopen the interrupted run of a cell); return the ids to run, in order."""
+    ids = []
+    rule = json.dumps(req.rule) if req.rule else None
+    for cell in cells:
+        if cell.skip:
+            continue
+        if cell.run_id is None:
+            cell.run_id = store.create_run(engine, cell.cfg, world_size=req.placement.nproc, git_commit=git_commit())
+        elif not states.transition(engine, cell.run_id, states.QUEUED, states.LAUNCHER, **_REOPENED):
+            continue  # someone else reopened or ended it meanwhile
+        store.update_run(engine, cell.run_id, log_path=str(paths.run_log(cell.run_id)), backend=req.backend,
+                         rule_json=rule, job_id=None)
+        ids.append(cell.run_id)
+    paths.logs_dir().mkdir(parents=True, exist_ok=True)
+    return ids
+
+
+def launch(engine: Engine, db_url: str, req: LaunchRequest, cells: Sequence[PlannedRun], *, detach: bool = False,
+           on_queued: Callable[[list[int]], Callable[[], None] | None] | None = None) -> tuple[list[int], Submitted]:
+    """Record the planned runs as queued and hand them to the request's backend.
+
+    ``on_queued(ids)`` is called once the rows exist and may return a tick callback that the
+    backend calls while it waits (the CLI's progress bars).
+    """
+    for name in {c.cfg.data for c in cells if not c.skip}:
+        check_data(name)
+    ids = enqueue(engine, cells, req)
+    if not ids:
+        return ids, Submitted()
+    tick = on_queued(ids) if on_queued else None
+    return ids, backends.get(req.backend).submit(engine, db_url, ids, req.placement, detach=detach, on_tick=tick)
+
+
+def reopen(engine: Engine, run_ids: Sequence[int]) -> int:
+    """Queue interrupted local runs again, to continue from their checkpoint; returns their ranks per run.
+
+    Every run is checked first (resumable, recorded by this revision of its variant, local): a
+    refusal changes nothing.
+    """
+    runs = [store.get_run(engine, rid) for rid in run_ids]
+    for r in runs:
+        if r.status not in states.RESUMABLE:
+            raise AttnresError(f"run {r.id} is {r.status}; only {', '.join(states.RESUMABLE)} runs can be resumed")
+        config = json.loads(r.config_json or "{}")
+        if "model" not in config:
+            raise AttnresError(f"run {r.id} was imported (recorded elsewhere): there is nothing here to resume")
+        check_revision(RunConfig.from_dict(config), r.id)
+        if (r.backend or "local") != "local":
+            raise AttnresError(f"run {r.id} ran on {r.backend}: launch its grid again with --backend {r.backend}, "
+                               "which continues it from its checkpoint")
+    for r in runs:
+        if not states.transition(engine, r.id, states.QUEUED, states.LAUNCHER, **_REOPENED):
+            raise AttnresError(f"run {r.id} changed meanwhile (now {store.status_of(engine, r.id)}); try again")
+    return max(r.world_size for r in runs)
+
+
+def resume(engine: Engine, db_url: str, run_ids: Sequence[int], *, detach: bool = False,
+           on_tick: Callable[[], None] | None = None) -> Submitted:
+    """Continue interrupted runs from their last checkpoint, on this machine."""
+    nproc = reopen(engine, run_ids)
+    return backends.get("local").submit(engine, db_url, run_ids, Placement(nproc=nproc), detach=detach,
+                                        on_tick=on_tick)
+
+
+def kill(engine: Engine, run_ids: Sequence[int] | None) -> list[int]:
+    """Stop the given runs (None: every queued or running run) now; returns those stopped."""
+    ids = [r.id for r in store.active_runs(engine)] if run_ids is None else [store.get_run(engine, r).id
+                                                                              for r in run_ids]
+    return backends.kill(engine, ids)
+
+
+def reconcile(engine: Engine) -> list[int]:
+    """Mark runs whose process or job is gone without an end as failed; returns them."""
+    return backends.reconcile(engine)
+
+
+def sync(engine: Engine, files: Sequence[Path] | None = None) -> list[tuple[Path, dict[str, int]]]:
+    """Ingest spools (default: every non-empty one under the logs folder) into the database."""
+    return [(path, spool.ingest(engine, path)) for path in (files or paths.spools())]

@@ -1,0 +1,110 @@
+"""Planning a launch: the request checked at parse time, then the grid of cells it expands to.
+
+A :class:`LaunchRequest` holds everything ``attnres launch`` was asked, validated before anything
+is recorded (bad input is one line, exit 2). :func:`plan` expands it into variant x seed cells and
+decides for each from the database: run it, skip it (it finished with the same config, or is
+queued or running), or continue an interrupted run of the same config from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+from sqlalchemy import Engine
+
+from attnres import backends, paths
+from attnres.backends import Placement
+from attnres.config import RunConfig
+from attnres.data.prepare import ensure_builtin, read_manifest
+from attnres.errors import AttnresError
+from attnres.tracking import states, store
+from attnres.variants import canonical, resolve_run
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What ``attnres launch`` was asked, checked: see :func:`request`."""
+
+    variants: list[str]
+    seeds: list[int]
+    preset: str = "tiny"
+    overrides: list[str] = field(default_factory=list)
+    data: str = "builtin"
+    backend: str = "local"
+    placement: Placement = field(default_factory=Placement)
+    rule: dict | None = None  # early-stop rule: {"baseline", "by", "at_step"}
+    force: bool = False
+
+
+def request(variants: list[str], seeds: list[int] | None, preset: str = "tiny", steps: int | None = None,
+            overrides: list[str] | None = None, data: str = "builtin", backend: str = "local",
+            placement: Placement | None = None, kill_if_worse_than: str | None = None, by: float = 0.1,
+            at_step: int | None = None, force: bool = False) -> LaunchRequest:
+    """Check a launch's arguments (AttnresError, one line) and return the request."""
+    if not variants:
+        raise AttnresError("name at least one variant (see `attnres variants`)")
+    seeds = list(seeds or [42])
+    if len(set(seeds)) != len(seeds):
+        raise AttnresError(f"seed list repeats a seed: {' '.join(map(str, seeds))}")
+    names = [canonical(v) for v in variants]
+    if len(set(names)) != len(names):
+        raise AttnresError("variant list names the same variant twice")
+    placement = placement or Placement()
+    backends.get(backend).check(placement)
+    rule = None
+    if kill_if_worse_than is not None:
+        if at_step is None or at_step < 1:
+            raise AttnresError("--kill-if-worse-than needs --at-step N (an eval step)")
+        rule = {"baseline": canonical(kill_if_worse_than), "by": by, "at_step": at_step}
+    overrides = list(overrides or []) + ([f"steps={steps}"] if steps is not None else [])
+    req = LaunchRequest(names, seeds, preset, overrides, data, backend, placement, rule, force)
+    for v in names:  # every cell's config resolves (unknown preset or setting: one line now)
+        resolve_run(v, preset, seeds[0], overrides, data)
+    return req
+
+
+@dataclass
+class PlannedRun:
+    cfg: RunConfig
+    skip: str | None = None  # why it will not run (already finished with this config, or active)
+    run_id: int | None = None  # an interrupted run of this config, continued from its checkpoint
+
+
+def plan(engine: Engine | None, req: LaunchRequest) -> list[PlannedRun]:
+    """Expand the grid; mark what already finished or runs with the same config (unless forced)."""
+    grid = [PlannedRun(resolve_run(v, req.preset, s, req.overrides, req.data)) for v in req.variants for s in req.seeds]
+    if engine is not None and not req.force:
+        for cell in grid:
+            prior = store.runs_with_config(engine, cell.cfg.config_hash)
+            done = [r for r, s in prior if s == states.FINISHED]
+            active = [r for r, s in prior if s in states.ACTIVE]
+            resumable = [r for r, s in prior if s in states.RESUMABLE]
+            if done:
+                cell.skip = f"finished as run {done[0]} (use --force to run again)"
+            elif active:
+                cell.skip = f"already queued or running as run {active[0]}"
+            elif resumable:
+                cell.run_id = resumable[-1]  # continue the interrupted run from its checkpoint
+    return grid
+
+
+def check_data(name: str) -> None:
+    """Make sure a run's dataset exists before anything starts (the built-in one is made on demand)."""
+    if name == "builtin":
+        ensure_builtin()
+    else:
+        read_manifest(paths.dataset(name))
+
+
+@cache
+def git_commit() -> str | None:
+    """The commit of the attnres checkout, if it is one (recorded with every run)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None

@@ -1,0 +1,112 @@
+"""A run's life: its states, which transitions are allowed, who may make each, and the one write.
+
+Every change of a run's ``status`` in attnres goes through :func:`transition` (or :func:`create`,
+which gives a new row its first state). A transition is one ``UPDATE ... WHERE status IN (...)``:
+a compare-and-set in one database transaction, so two writers can never undo each other. A run
+the user killed stays killed, and an end that was decided (finished, failed, diverged, stopped,
+killed) is never overwritten by a late writer; only a relaunch reopens a resumable run.
+
+Who may do what (``actor``: the part of attnres that makes the change)::
+
+    launcher    attnres launch/resume    creates runs (queued); reopens failed/killed/preempted ones
+    trainer     the run's own process    queued/running/preempted -> running, then its end:
+                                         finished, diverged, stopped, preempted or failed
+    supervisor  the queue that started   queued/running -> failed when the process exited
+                the trainer's process    without recording an end
+    monitor     attnres status           queued/running -> failed when the process is gone, its
+                                         heartbeat stopped or its SLURM job vanished
+    user        attnres kill             queued/running/preempted -> killed
+    importer    attnres import           creates runs in any state (they were recorded elsewhere)
+    restorer    attnres sync             recreates a run lost with its database, as its spool has it
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from sqlalchemy import Engine, insert, select, update
+
+from attnres.tracking.schema import Run
+
+QUEUED, RUNNING, FINISHED, FAILED = "queued", "running", "finished", "failed"
+KILLED, DIVERGED, STOPPED, PREEMPTED = "killed", "diverged", "stopped", "preempted"
+STATES = (QUEUED, RUNNING, FINISHED, FAILED, KILLED, DIVERGED, STOPPED, PREEMPTED)
+ACTIVE = (QUEUED, RUNNING)  # a process owns the run, or will
+RESUMABLE = (FAILED, KILLED, PREEMPTED)  # a relaunch continues these from their checkpoint
+EARLY = (DIVERGED, STOPPED, KILLED, FAILED)  # ended before their last step, for a reason reports give
+ENDED = (FINISHED, FAILED, KILLED, DIVERGED, STOPPED)  # decided; only the launcher reopens them
+
+LAUNCHER, TRAINER, SUPERVISOR, MONITOR, USER, IMPORTER, RESTORER = (
+    "launcher", "trainer", "supervisor", "monitor", "user", "importer", "restorer")
+
+_OPEN = frozenset({QUEUED, RUNNING, PREEMPTED})  # what a (re)starting trainer may find
+
+#: actor -> target state -> the states it may come from
+TRANSITIONS: dict[str, dict[str, frozenset[str]]] = {
+    LAUNCHER: {QUEUED: frozenset(RESUMABLE)},
+    TRAINER: {to: _OPEN for to in (RUNNING, FINISHED, DIVERGED, STOPPED, PREEMPTED, FAILED)},
+    SUPERVISOR: {FAILED: frozenset(ACTIVE)},
+    MONITOR: {FAILED: frozenset(ACTIVE)},
+    USER: {KILLED: _OPEN},
+}
+
+#: actor -> the states a row it creates may start in
+INITIAL: dict[str, frozenset[str]] = {
+    LAUNCHER: frozenset({QUEUED}),
+    IMPORTER: frozenset(STATES),
+    RESTORER: frozenset(STATES),
+}
+
+
+class TransitionError(ValueError):
+    """A transition that no state allows for this actor: a programming error, not a race."""
+
+
+def sources(actor: str, to: str) -> frozenset[str]:
+    """The states from which ``actor`` may move a run to ``to`` (TransitionError if from none)."""
+    allowed = TRANSITIONS.get(actor, {}).get(to)
+    if not allowed:
+        raise TransitionError(f"{actor} may never set a run {to}")
+    return allowed
+
+
+def allowed(actor: str, current: str, to: str) -> bool:
+    """Whether ``actor`` may move a run from ``current`` to ``to``."""
+    return current in TRANSITIONS.get(actor, {}).get(to, frozenset())
+
+
+class Outcome(NamedTuple):
+    """What a transition did: ``applied``, and the run's status now (None: no such run)."""
+
+    applied: bool
+    status: str | None
+
+    def __bool__(self) -> bool:
+        return self.applied
+
+
+def transition(engine: Engine, run_id: int, to: str, actor: str, **fields: object) -> Outcome:
+    """Move a run to ``to`` if its current state allows it for ``actor``; ``fields`` go with it.
+
+    One ``UPDATE ... WHERE id = ? AND status IN (allowed sources)``: if another writer changed the
+    state first, nothing is written (the fields neither) and the outcome says what the state is.
+    """
+    if "status" in fields:
+        raise TransitionError("give the new state as `to`, not as a field")
+    allowed_from = sources(actor, to)
+    with engine.begin() as conn:
+        stmt = update(Run).where(Run.id == run_id, Run.status.in_(allowed_from)).values(status=to, **fields)
+        if conn.execute(stmt).rowcount:
+            return Outcome(True, to)
+        return Outcome(False, conn.execute(select(Run.status).where(Run.id == run_id)).scalar())
+
+
+def create(engine: Engine, actor: str, status: str, **columns: object) -> int:
+    """Insert a run row in its first state (one the actor may create); return its id.
+
+    With ``id`` among the columns (a run restored from its spool) the row keeps that id.
+    """
+    if status not in INITIAL.get(actor, frozenset()):
+        raise TransitionError(f"{actor} may not create a run {status}")
+    with engine.begin() as conn:
+        return int(conn.execute(insert(Run).values(status=status, **columns)).inserted_primary_key[0])

@@ -1,0 +1,213 @@
+"""The training loop of one run, on every rank; it knows nothing of databases.
+
+What the loop observes (metrics, progress, evals) goes to a :class:`Recorder`; whether to stop
+early is the recorder's verdict; how the run ended is the returned :class:`Ending`. Rank 0 of a
+tracked run gets :class:`attnres.training.recorder.RunRecorder`; other ranks, and in-process use
+(tests, notebooks), get :class:`MemoryRecorder` or :class:`NullRecorder`.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from attnres import checkpoint, paths
+from attnres.config import RunConfig
+from attnres.data.loader import TokenShards, TrainLoader, eval_batches
+from attnres.lr_schedule import lr_at
+from attnres.model import GPT
+from attnres.optim import build_optimizer
+from attnres.tracking import states
+from attnres.training.distributed import Dist, agree, all_mean, sum_over_ranks
+
+
+@dataclass
+class Ending:
+    """How the loop ended: finished, diverged, stopped (early-stop rule) or preempted (SIGTERM)."""
+
+    status: str
+    step: int
+    message: str | None = None
+
+
+class Recorder(Protocol):
+    """What the loop tells the outside world."""
+
+    def resumed(self, step: int) -> None:
+        """Training continues from a checkpoint at ``step``: what was recorded after it is stale."""
+
+    def record(self, step: int, **values: float) -> None:
+        """Metric values of one step."""
+
+    def progress(self, step: int) -> None:
+        """``step`` steps are done (and the run is alive)."""
+
+    def verdict(self, step: int, eval_loss: float) -> str | None:
+        """Why to stop early after this eval, or None to go on."""
+
+
+class NullRecorder:
+    """Records nothing: ranks other than 0."""
+
+    def resumed(self, step: int) -> None: ...
+
+    def record(self, step: int, **values: float) -> None: ...
+
+    def progress(self, step: int) -> None: ...
+
+    def verdict(self, step: int, eval_loss: float) -> str | None:
+        return None
+
+
+@dataclass
+class MemoryRecorder:
+    """Keeps what was recorded in memory; ``stop_at`` (step -> reason) plays an early-stop rule."""
+
+    metrics: dict[str, dict[int, float]] = field(default_factory=dict)
+    steps: list[int] = field(default_factory=list)
+    stop_at: dict[int, str] = field(default_factory=dict)
+
+    def resumed(self, step: int) -> None:
+        for curve in self.metrics.values():
+            for s in [s for s in curve if s > step]:
+                del curve[s]
+
+    def record(self, step: int, **values: float) -> None:
+        for key, value in values.items():
+            self.metrics.setdefault(key, {})[step] = value
+
+    def progress(self, step: int) -> None:
+        self.steps.append(step)
+
+    def verdict(self, step: int, eval_loss: float) -> str | None:
+        return self.stop_at.get(step)
+
+
+class Preemption:
+    """Turns SIGTERM into a flag checked between steps: save a checkpoint, then stop as preempted."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        try:
+            signal.signal(signal.SIGTERM, self._handle)
+        except ValueError:  # not the main thread (in-process use): no preemption by signal
+            pass
+
+    def _handle(self, _signum: int, _frame: object) -> None:
+        self.requested = True
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak CUDA allocation on GPU; peak resident set size of this process on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, shards: TokenShards, cfg: RunConfig, d: Dist,
+             autocast: Callable[[], AbstractContextManager]) -> float:
+    """Mean eval loss over the held-out batches of every rank."""
+    model.eval()
+    total = torch.zeros(2, device=d.device)
+    for x, y in eval_batches(shards, cfg.train.batch_size, cfg.train.eval_batches, d.rank, d.world):
+        with autocast():
+            _, loss = model(x.to(d.device), y.to(d.device))
+        total += torch.stack([loss.float() * len(x), torch.tensor(float(len(x)), device=d.device)])
+    sum_over_ranks(total, d)
+    model.train()
+    return float(total[0] / total[1])
+
+
+def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool = False,
+          preemption: Preemption | None = None) -> Ending:
+    """Train one run from its checkpoint ``ckpt`` (unless ``fresh``) to its last step, or an early end."""
+    torch.manual_seed(cfg.seed)
+    data = paths.dataset(cfg.data)
+    train_shards = TokenShards(data, "train", cfg.model.seq_len)
+    eval_shards = TokenShards(data, "eval", cfg.model.seq_len)
+    if train_shards.vocab_size > cfg.model.vocab_size:
+        raise ValueError(f"data vocabulary {train_shards.vocab_size} exceeds model vocab {cfg.model.vocab_size}")
+    loader = TrainLoader(train_shards, cfg.train.batch_size, cfg.seed, d.rank, d.world)
+
+    raw_model = GPT(cfg.model).to(d.device)
+    model = DistributedDataParallel(raw_model) if d.world > 1 else raw_model
+    if cfg.train.compile:
+        model = torch.compile(model)
+    tcfg = cfg.train
+    optimizer = build_optimizer(raw_model, tcfg.lr, tcfg.weight_decay, (tcfg.beta1, tcfg.beta2),
+                                fused=d.device.type == "cuda")
+    use_bf16 = tcfg.dtype == "bfloat16" or (tcfg.dtype == "auto" and d.device.type == "cuda")
+
+    def autocast() -> AbstractContextManager:
+        return torch.autocast(d.device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+
+    start = checkpoint.load(ckpt, raw_model, optimizer) if ckpt.exists() and not fresh else 0
+    if start:
+        recorder.resumed(start)  # the resumed run rewrites what follows its checkpoint
+    preemption = preemption or Preemption()
+    tokens_per_step = tcfg.batch_size * cfg.model.seq_len * tcfg.grad_accum * d.world
+    if start == 0:
+        recorder.record(0, eval_loss=evaluate(model, eval_shards, cfg, d, autocast))
+    t_last, steps_since = time.perf_counter(), 0
+    for step in range(start, tcfg.steps):
+        lr = lr_at(step, tcfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = torch.zeros((), device=d.device)
+        for micro in range(tcfg.grad_accum):
+            x, y = loader.batch(step * tcfg.grad_accum + micro)
+            x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
+            sync = micro == tcfg.grad_accum - 1 or d.world == 1
+            with nullcontext() if sync else model.no_sync(), autocast():
+                _, loss = model(x, y)
+            (loss / tcfg.grad_accum).backward()
+            loss_sum += loss.detach().float()
+        grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), tcfg.grad_clip)
+        train_loss = all_mean(loss_sum / tcfg.grad_accum, d)
+        done = step + 1
+        if not (math.isfinite(train_loss) and math.isfinite(float(grad_norm))):
+            # stop before a non-finite update poisons the weights
+            return Ending(states.DIVERGED, done, f"non-finite loss or gradient at step {done}")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        steps_since += 1
+        last = done == tcfg.steps
+        logged = done % tcfg.log_every == 0 or last
+        if logged:
+            elapsed = time.perf_counter() - t_last
+            recorder.record(done, train_loss=train_loss, lr=lr, grad_norm=float(grad_norm),
+                            tokens_per_s=tokens_per_step * steps_since / elapsed,
+                            peak_memory_bytes=peak_memory_bytes(d.device))
+            t_last, steps_since = time.perf_counter(), 0
+        verdict = None
+        evaluated = done % tcfg.eval_every == 0 or last
+        if evaluated:
+            ev = evaluate(model, eval_shards, cfg, d, autocast)
+            recorder.record(done, eval_loss=ev)
+            if d.is_rank0:
+                print(f"step {done}/{tcfg.steps} train {train_loss:.4f} eval {ev:.4f}", flush=True)
+            verdict = recorder.verdict(done, ev)
+            t_last = time.perf_counter()  # keep eval time out of tokens/s
+        preempted, stop = agree([preemption.requested, verdict is not None], d)
+        if (tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0) or last or preempted:
+            if d.is_rank0:
+                checkpoint.save(ckpt, raw_model, optimizer, done)
+        if logged or evaluated or preempted or stop:
+            recorder.progress(done)
+        if preempted:
+            return Ending(states.PREEMPTED, done, "SIGTERM: checkpoint saved; `attnres resume` continues it")
+        if stop:
+            return Ending(states.STOPPED, done, verdict)
+    return Ending(states.FINISHED, tcfg.steps)

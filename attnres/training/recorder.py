@@ -1,0 +1,116 @@
+"""Rank 0's bookkeeping of a tracked run: metrics, heartbeat, early-stop rule and the run's states.
+
+Everything goes through the run's :class:`attnres.tracking.writer.MetricWriter`, so the training
+thread never waits on the database and nothing is lost when it is away: the run's row (its
+snapshot) and each change are in the spool first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from attnres.errors import AttnresError
+from attnres.tracking import spool, states, store
+from attnres.tracking.writer import MetricWriter
+from attnres.training.loop import Ending
+
+HEARTBEAT_S = 5.0
+
+
+class Heartbeat(threading.Thread):
+    """Refresh the run's heartbeat every few seconds, so a dead run is noticed even between logs."""
+
+    def __init__(self, writer: MetricWriter, every: float = HEARTBEAT_S) -> None:
+        super().__init__(daemon=True, name="attnres-heartbeat")
+        self.writer, self.every = writer, every
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.every):
+            self.writer.update_run(heartbeat_at=store.now())
+
+
+class RunRecorder:
+    """The :class:`attnres.training.loop.Recorder` of rank 0 for a run recorded in the database."""
+
+    def __init__(self, engine: Engine, run_id: int, world_size: int = 1) -> None:
+        self.engine, self.run_id = engine, run_id
+        run = store.get_run(engine, run_id)
+        self.rule = json.loads(run.rule_json) if run.rule_json else None
+        self.preset = run.preset
+        self.writer = MetricWriter(engine, run_id, store.spool_path(run))
+        if self.writer.spool.exists() and self.writer.spool.stat().st_size:
+            spool.ingest(engine, self.writer.spool)  # what an earlier attempt could not write
+        self.writer.keep_snapshot(store.run_fields(engine, run_id))  # should the database be lost
+        self.writer.transition(states.RUNNING, started_at=store.now(), heartbeat_at=store.now(), pid=os.getpid(),
+                               host=socket.gethostname(), world_size=world_size)
+        self.heartbeat = Heartbeat(self.writer)
+        self.heartbeat.start()
+
+    # -- the loop's Recorder protocol -------------------------------------------------------------
+    def resumed(self, step: int) -> None:
+        self.writer.flush()
+        try:
+            store.drop_metrics_after(self.engine, self.run_id, step)
+        except SQLAlchemyError:
+            pass  # the database is away: the rewritten steps replace those rows when it is back
+
+    def record(self, step: int, **values: float) -> None:
+        self.writer.add(step, **values)
+
+    def progress(self, step: int) -> None:
+        self.writer.update_run(step=step, heartbeat_at=store.now())
+
+    def verdict(self, step: int, eval_loss: float) -> str | None:
+        """The early-stop rule: worse than the baseline's mean eval loss (same preset) by more than ``by``."""
+        r = self.rule
+        if r is None or step != r["at_step"]:
+            return None
+        try:
+            base = store.eval_at_step(self.engine, r["baseline"], self.preset, step, exclude=self.run_id)
+        except SQLAlchemyError:
+            return None  # the database is away: no verdict, training goes on
+        if base is None or eval_loss <= base + r["by"]:
+            return None
+        return (f"eval loss {eval_loss:.3f} is worse than {r['baseline']}'s {base:.3f} by more than {r['by']} "
+                f"at step {step}")
+
+    # -- the end ------------------------------------------------------------------------------------
+    def finish(self, ending: Ending) -> bool:
+        """Record how the loop ended; True if the database holds everything."""
+        fields: dict[str, object] = {"ended_at": store.now(), "exit_code": 0, "step": ending.step}
+        if ending.status in (states.DIVERGED, states.STOPPED):
+            fields |= {"stop_step": ending.step, "message": ending.message}
+        elif ending.status == states.PREEMPTED:
+            fields |= {"ended_at": None, "message": ending.message}
+        return self._end(ending.status, fields)
+
+    def fail(self, exc: BaseException) -> bool:
+        """Record that training raised ``exc``."""
+        return self._end(states.FAILED, {"ended_at": store.now(), "exit_code": 1,
+                                          "message": f"{type(exc).__name__}: {exc}"[:2000]})
+
+    def _end(self, status: str, fields: dict[str, object]) -> bool:
+        self.heartbeat.stopped.set()
+        self.writer.transition(status, **fields)
+        ok = self.writer.close()
+        for asked, was in self.writer.refused:
+            print(f"attnres: run {self.run_id} was already {was}: its end as {asked} is not recorded", flush=True)
+        if not ok:
+            print(f"attnres: the database is unreachable; run {self.run_id}'s metrics and state are in "
+                  f"{self.writer.spool}: `attnres sync` writes them once it is back", flush=True)
+        return ok
+
+
+def open_recorder(engine: Engine, run_id: int, world_size: int) -> RunRecorder:
+    """Rank 0's recorder; a database that cannot be read at start is one clear error."""
+    try:
+        return RunRecorder(engine, run_id, world_size)
+    except SQLAlchemyError as exc:
+        raise AttnresError(f"cannot record run {run_id}: {str(exc).splitlines()[0]}") from None

@@ -1,0 +1,155 @@
+"""The structure the code promises, checked on its source: layers, one owner of run states, SQL in tracking/.
+
+These read the code as text (Python's ast), so they hold for every module, including ones no
+other test imports.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LIBRARY = ROOT / "attnres"
+
+
+def modules(package: Path) -> dict[str, ast.Module]:
+    """Every module of a package by dotted name, parsed."""
+    out = {}
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(ROOT).with_suffix("")
+        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        out[name] = ast.parse(path.read_text(), filename=str(path))
+    return out
+
+
+def imports_of(name: str, tree: ast.Module, with_base: bool = True) -> set[str]:
+    """What a module imports anywhere (top level or inside functions), as dotted names.
+
+    ``from a.b import c`` gives ``a.b.c`` and, ``with_base``, ``a.b``.
+    """
+    found: set[str] = set()
+    package = name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against the importing package
+                parts = package.split(".")
+                keep = parts[: len(parts) - node.level + (1 if _is_package(name) else 0)]
+                base = ".".join([*keep, base] if base else keep)
+            if with_base:
+                found.add(base)
+            found |= {f"{base}.{a.name}" for a in node.names}
+    return found
+
+
+def _is_package(name: str) -> bool:
+    return (ROOT / Path(*name.split(".")) / "__init__.py").exists()
+
+
+def graph(package: Path) -> dict[str, set[str]]:
+    mods = modules(package)
+    return {name: {i for i in imports_of(name, tree) if i in mods and i != name} for name, tree in mods.items()}
+
+
+def test_the_library_import_graph_has_no_cycle():
+    g = graph(LIBRARY)
+    # a package imports its own __init__ implicitly; edges into a parent package are not cycles of design
+    g = {m: {d for d in deps if not m.startswith(d + ".")} for m, deps in g.items()}
+    seen, stack, cycles = set(), [], []
+
+    def visit(node: str) -> None:
+        if node in stack:
+            cycles.append([*stack[stack.index(node):], node])
+            return
+        if node in seen:
+            return
+        seen.add(node)
+        stack.append(node)
+        for dep in sorted(g[node]):
+            visit(dep)
+        stack.pop()
+
+    for node in sorted(g):
+        visit(node)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_library_never_imports_the_report_package_or_the_cli():
+    bad = {name: sorted(i for i in imports_of(name, tree) if i.split(".")[0] in {"reports", "cli"})
+           for name, tree in modules(LIBRARY).items()}
+    assert not {k: v for k, v in bad.items() if v}
+
+
+def test_only_reports_build_and_bench_touch_the_database_or_the_disk_in_reports():
+    pure = {name: tree for name, tree in modules(ROOT / "reports").items()
+            if name not in {"reports.build", "reports.bench"}}
+    for name, tree in pure.items():
+        imported = imports_of(name, tree)
+        assert not any(i.startswith(("sqlalchemy", "attnres.tracking.reads", "attnres.tracking.db",
+                                     "attnres.tracking.store")) for i in imported), name
+
+
+def test_database_access_lives_in_tracking():
+    """SQLAlchemy (and sqlite3) are imported by attnres/tracking/ only."""
+    offenders = {}
+    for name, tree in modules(LIBRARY).items():
+        if name.startswith("attnres.tracking"):
+            continue
+        # the Engine type and the error classes may be named (to pass an engine on, or to catch)
+        hits = sorted(i for i in imports_of(name, tree, with_base=False)
+                      if i.split(".")[0] in {"sqlalchemy", "sqlite3", "psycopg", "alembic"}
+                      and i != "sqlalchemy.Engine" and not i.startswith("sqlalchemy.exc."))
+        if hits:
+            offenders[name] = hits
+    assert not offenders, offenders
+
+
+def status_writes(tree: ast.Module) -> list[int]:
+    """Lines that write a run's status: ``status=`` in a call, ``.status = ...``, or an insert/update
+    of the runs table naming ``status``."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            fname = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if fname in {"values", "update_run", "Run"} and any(k.arg == "status" for k in node.keywords):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Assign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Attribute) and t.attr == "status" for t in targets):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_run_status_is_written_by_the_state_machine_only():
+    writes = {name: status_writes(tree) for name, tree in modules(LIBRARY).items()}
+    writes = {k: v for k, v in writes.items() if v}
+    assert set(writes) == {"attnres.tracking.states"}, writes
+
+
+@pytest.mark.parametrize("word", ['"queued"', '"running"', '"finished"', '"failed"', '"killed"', '"diverged"',
+                                  '"stopped"', '"preempted"'])
+def test_state_words_are_spelled_in_the_state_module_only(word):
+    """Code compares states through attnres.tracking.states' names, never through string literals."""
+    spelled = []
+    for path in LIBRARY.rglob("*.py"):
+        if path.name == "states.py" or "migrations" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare | ast.Dict | ast.Tuple | ast.Set | ast.List):
+                for c in ast.walk(node):
+                    if isinstance(c, ast.Constant) and repr(c.value).replace("'", '"') == word:
+                        spelled.append(f"{path.relative_to(ROOT)}:{c.lineno}")
+    assert not spelled, spelled
+
+
+def test_no_module_is_far_over_400_lines():
+    long = {str(p.relative_to(ROOT)): n for p in [*LIBRARY.rglob("*.py"), *(ROOT / "reports").rglob("*.py"),
+                                                  *(ROOT / "cli").rglob("*.py")]
+            if (n := len(p.read_text().splitlines())) > 440}
+    assert not long, long

@@ -1,0 +1,92 @@
+"""Backends through their protocol: a new one is one module and one registry line; the local one's checks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import ClassVar
+
+import pytest
+
+from attnres import backends, orchestrator, planning
+from attnres.backends import ALIVE, GONE, Backend, Placement, Submitted
+from attnres.backends.local import STALE_AFTER_S, LocalBackend
+from attnres.tracking import states, store
+from attnres.tracking.db import get_engine
+
+
+class InlineBackend(Backend):
+    """A whole backend, as a user would add one: runs each trainer as a plain process, one by one."""
+
+    name = "inline"
+    killed: ClassVar[list[int]] = []
+
+    def submit(self, engine, db_url: str, run_ids: Sequence[int], placement: Placement, *, detach: bool = False,
+               on_tick: Callable[[], None] | None = None) -> Submitted:
+        for rid in run_ids:
+            subprocess.run([sys.executable, "-m", "attnres.train", "--run-id", str(rid), "--db", db_url], check=False,
+                           capture_output=True)
+        return Submitted([f"ran {len(run_ids)} run(s) inline"], {r: store.status_of(engine, r) for r in run_ids})
+
+    def poll(self, runs):
+        return {r.id: (GONE, "inline runs never outlive submit") for r in runs}
+
+    def kill(self, run) -> None:
+        InlineBackend.killed.append(run.id)
+
+
+def test_a_backend_is_one_module_and_one_registry_line(workdir, monkeypatch):
+    monkeypatch.setitem(backends.REGISTRY, "inline", f"{__name__}:InlineBackend")
+    engine = get_engine(str(workdir / "runs.db"))
+    req = planning.request(["standard"], [1, 2], steps=2, backend="inline",
+                           overrides=["batch_size=2", "eval_batches=1", "n_layer=1", "d_model=32", "n_head=2",
+                                      "seq_len=32"])
+    ids, done = orchestrator.launch(engine, str(engine.url), req, planning.plan(engine, req))
+    assert done.results == {ids[0]: states.FINISHED, ids[1]: states.FINISHED}
+    assert all(store.get_run(engine, i).backend == "inline" for i in ids)
+    # kill and reconcile find the backend through the run's row
+    def queue(seed: int) -> list[int]:
+        one = planning.request(["control_block"], [seed], steps=2, backend="inline")
+        return orchestrator.enqueue(engine, planning.plan(engine, one), one)
+
+    again = queue(3)
+    assert orchestrator.kill(engine, again) == again and InlineBackend.killed == again
+    late = queue(4)
+    states.transition(engine, late[0], states.RUNNING, states.TRAINER)
+    assert orchestrator.reconcile(engine) == late
+    r = store.get_run(engine, late[0])
+    assert (r.status, r.message) == (states.FAILED, "inline runs never outlive submit")
+
+
+def test_an_unknown_backend_is_one_clear_line():
+    from attnres.errors import AttnresError
+
+    with pytest.raises(AttnresError, match="unknown backend 'k8s'"):
+        backends.get("k8s")
+
+
+def running_row(engine, host: str, pid: int | None, beat_age_s: float) -> object:
+    rid = store.create_run(engine, planning.plan(None, planning.request(["standard"], [1]))[0].cfg)
+    states.transition(engine, rid, states.RUNNING, states.TRAINER, host=host, pid=pid,
+                      heartbeat_at=store.now() - timedelta(seconds=beat_age_s))
+    return store.get_run(engine, rid)
+
+
+def test_local_poll_decides_by_process_on_this_host_and_by_heartbeat_elsewhere(tmp_path):
+    import socket
+
+    engine = get_engine(str(tmp_path / "runs.db"))
+    here = socket.gethostname()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    cases = {
+        "alive here, silent": (running_row(engine, here, os.getpid(), STALE_AFTER_S * 10), ALIVE),
+        "gone here, fresh": (running_row(engine, here, dead.pid, 0), GONE),
+        "elsewhere, silent": (running_row(engine, "another-host", 12345, STALE_AFTER_S * 2), GONE),
+        "elsewhere, fresh": (running_row(engine, "another-host", 12345, 1), ALIVE),
+    }
+    got = LocalBackend().poll([run for run, _ in cases.values()])
+    assert {name: got[run.id][0] for name, (run, _) in cases.items()} == {n: v for n, (_, v) in cases.items()}

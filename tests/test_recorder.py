@@ -1,0 +1,80 @@
+"""Rank 0's bookkeeping in process, on a real SQLite file: start, early-stop verdict, every end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from attnres.tracking import states, store
+from attnres.tracking.db import get_engine
+from attnres.training.loop import Ending
+from attnres.training.recorder import RunRecorder
+from attnres.variants import resolve_run
+
+
+@pytest.fixture
+def engine(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNRES_LOGS", str(tmp_path / "logs"))
+    return get_engine(str(tmp_path / "runs.db"))
+
+
+def queued(engine, variant: str = "full_attnres", rule: dict | None = None) -> int:
+    run = store.create_run(engine, resolve_run(variant, "tiny", 1))
+    store.update_run(engine, run, rule_json=json.dumps(rule) if rule else None)
+    return run
+
+
+def test_a_started_run_is_running_with_its_process_and_a_snapshot_in_its_spool(engine):
+    run = queued(engine)
+    rec = RunRecorder(engine, run, world_size=2)
+    assert rec.writer.flush()
+    r = store.get_run(engine, run)
+    assert (r.status, r.world_size) == (states.RUNNING, 2) and r.pid and r.host and r.started_at
+    head = json.loads(rec.writer.spool.read_text().splitlines()[0])
+    assert head["snapshot"]["config_hash"] == r.config_hash
+    assert rec.finish(Ending(states.FINISHED, 12))
+    r = store.get_run(engine, run)
+    assert (r.status, r.step, r.exit_code) == (states.FINISHED, 12, 0) and r.ended_at
+
+
+def test_the_early_stop_rule_compares_with_the_baselines_mean_at_its_step(engine):
+    for seed, value in [(1, 3.0), (2, 3.2)]:
+        base = store.create_run(engine, resolve_run("standard", "tiny", seed), actor=states.IMPORTER,
+                                status=states.FINISHED)
+        store.log_metrics(engine, base, [(10, "eval_loss", value)])
+    rec = RunRecorder(engine, queued(engine, rule={"baseline": "standard", "by": 0.1, "at_step": 10}))
+    assert rec.verdict(10, 3.15) is None  # mean 3.1 + 0.1 is not exceeded
+    assert rec.verdict(5, 9.0) is None  # not the rule's step
+    why = rec.verdict(10, 3.5)
+    assert "3.500 is worse than standard's 3.100 by more than 0.1 at step 10" in why
+    rec.finish(Ending(states.STOPPED, 10, why))
+    r = store.get_run(engine, rec.run_id)
+    assert (r.status, r.stop_step, r.message) == (states.STOPPED, 10, why)
+
+
+@pytest.mark.parametrize("ending,expect", [
+    (Ending(states.DIVERGED, 7, "non-finite loss or gradient at step 7"), (states.DIVERGED, 7, 7, True)),
+    (Ending(states.PREEMPTED, 4, "SIGTERM: checkpoint saved"), (states.PREEMPTED, 4, None, False)),
+])
+def test_early_ends_record_their_step_and_why(engine, ending, expect):
+    rec = RunRecorder(engine, queued(engine))
+    rec.finish(ending)
+    r = store.get_run(engine, rec.run_id)
+    assert (r.status, r.step, r.stop_step, r.ended_at is not None) == expect and r.message == ending.message
+
+
+def test_an_exception_fails_the_run_with_its_message(engine):
+    rec = RunRecorder(engine, queued(engine))
+    rec.fail(RuntimeError("out of memory"))
+    r = store.get_run(engine, rec.run_id)
+    assert (r.status, r.exit_code, r.message) == (states.FAILED, 1, "RuntimeError: out of memory")
+
+
+def test_an_end_after_a_kill_is_not_recorded_and_says_so(engine, capsys):
+    rec = RunRecorder(engine, queued(engine))
+    assert rec.writer.flush()
+    states.transition(engine, rec.run_id, states.KILLED, states.USER, message="killed by attnres kill")
+    rec.finish(Ending(states.FINISHED, 12))
+    assert store.get_run(engine, rec.run_id).message == "killed by attnres kill"
+    assert "was already killed: its end as finished is not recorded" in capsys.readouterr().out

@@ -1,0 +1,66 @@
+"""The training loop in process (no database, no torchrun): how a run ends, and exact resumption."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnres.tracking import states
+from attnres.training.distributed import single
+from attnres.training.loop import MemoryRecorder, Preemption, train
+from attnres.variants import resolve_run
+
+SMALL = ["batch_size=2", "eval_batches=1", "warmup=2", "log_every=1"]
+
+
+def cfg(steps: int, *extra: str, variant: str = "standard"):
+    return resolve_run(variant, "tiny", 5, [*SMALL, f"steps={steps}", *extra])
+
+
+def test_a_run_finishes_with_its_evals_and_logs(workdir):
+    rec = MemoryRecorder()
+    ending = train(cfg(6, "eval_every=3"), single(), rec, workdir / "ck" / "last.pt")
+    assert (ending.status, ending.step) == (states.FINISHED, 6)
+    assert sorted(rec.metrics["eval_loss"]) == [0, 3, 6] and sorted(rec.metrics["train_loss"]) == list(range(1, 7))
+    assert rec.metrics["eval_loss"][6] < rec.metrics["eval_loss"][0]
+    assert {"lr", "grad_norm", "tokens_per_s", "peak_memory_bytes"} <= set(rec.metrics)
+    assert rec.steps == list(range(1, 7)) and (workdir / "ck" / "last.pt").exists()
+
+
+def test_a_non_finite_loss_ends_as_diverged_at_its_step(workdir):
+    ending = train(cfg(30, "lr=1e4", "grad_clip=0"), single(), MemoryRecorder(), workdir / "last.pt")
+    assert ending.status == states.DIVERGED and 1 <= ending.step < 30 and "non-finite" in ending.message
+
+
+def test_the_recorders_verdict_stops_the_run_at_that_eval(workdir):
+    rec = MemoryRecorder(stop_at={4: "worse than the baseline"})
+    ending = train(cfg(10, "eval_every=2"), single(), rec, workdir / "last.pt")
+    assert (ending.status, ending.step, ending.message) == (states.STOPPED, 4, "worse than the baseline")
+    assert max(rec.metrics["train_loss"]) == 4
+
+
+def test_sigterm_preempts_after_the_step_with_a_checkpoint(workdir):
+    flag = Preemption()
+    flag.requested = True
+    ending = train(cfg(10), single(), MemoryRecorder(), workdir / "last.pt", preemption=flag)
+    assert (ending.status, ending.step) == (states.PREEMPTED, 1) and (workdir / "last.pt").exists()
+
+
+@pytest.mark.parametrize("variant", ["standard", "control_block"])
+def test_resuming_from_a_checkpoint_reproduces_the_uninterrupted_run_exactly(workdir, variant):
+    full = MemoryRecorder()
+    train(cfg(8, "eval_every=2", variant=variant), single(), full, workdir / "a.pt")
+    first = cfg(8, "eval_every=2", "checkpoint_every=3", variant=variant)
+    flag = Preemption()
+
+    class StopAt3(MemoryRecorder):  # a preemption that arrives during step 3
+        def progress(self, step: int) -> None:
+            super().progress(step)
+            flag.requested = step == 2
+
+    part = StopAt3()
+    ending = train(first, single(), part, workdir / "b.pt", preemption=flag)
+    assert (ending.status, ending.step) == (states.PREEMPTED, 3)
+    ending = train(first, single(), part, workdir / "b.pt", preemption=Preemption())
+    assert ending.status == states.FINISHED
+    for key in ("train_loss", "eval_loss"):
+        assert part.metrics[key] == full.metrics[key]  # bit-identical at every step

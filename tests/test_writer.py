@@ -1,0 +1,132 @@
+"""The trainer's metric writer and the spool, in process, on real SQLite files: retry, replay, rebuild."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+from conftest import wait_for
+
+from attnres.tracking import spool, states, store
+from attnres.tracking.db import get_engine
+from attnres.tracking.writer import MetricWriter
+from attnres.variants import resolve_run
+
+
+@pytest.fixture
+def engine(tmp_path):
+    return get_engine(str(tmp_path / "runs.db"))
+
+
+def queued(engine) -> int:
+    return store.create_run(engine, resolve_run("standard", "tiny", 1))
+
+
+def values(engine, run_id: int, key: str) -> dict[int, float]:
+    frame = store.metrics_frame(engine, [key], [run_id])
+    return dict(zip(frame["step"], frame["value"], strict=True))
+
+
+def test_writer_records_metrics_and_states_then_empties_its_spool_but_the_snapshot(engine, tmp_path):
+    run = queued(engine)
+    writer = MetricWriter(engine, run, tmp_path / "run.spool.jsonl", interval=0.05)
+    writer.keep_snapshot(store.run_fields(engine, run))
+    writer.transition(states.RUNNING, pid=123)
+    for step in range(1, 51):
+        writer.add(step, train_loss=1.0 / step, lr=0.1)
+    writer.update_run(step=50)
+    writer.transition(states.FINISHED, exit_code=0)
+    assert writer.close()
+    assert values(engine, run, "train_loss") == {s: 1.0 / s for s in range(1, 51)}
+    r = store.get_run(engine, run)
+    assert (r.status, r.step, r.pid, r.exit_code) == (states.FINISHED, 50, 123, 0)
+    lines = [json.loads(x) for x in (tmp_path / "run.spool.jsonl").read_text().splitlines()]
+    assert [list(x) for x in lines] == [["run", "snapshot"]] and lines[0]["snapshot"]["status"] == states.FINISHED
+
+
+def test_a_locked_database_is_retried_and_loses_nothing(engine, tmp_path, monkeypatch):
+    run = queued(engine)
+    db = tmp_path / "runs.db"
+    holder = sqlite3.connect(db, isolation_level=None, timeout=1)
+    holder.execute("BEGIN EXCLUSIVE")  # another process holds the write lock
+    monkeypatch.setenv("ATTNRES_DB_BUSY_TIMEOUT", "0.2")
+    get_engine.cache_clear()
+    locked = get_engine(str(db))
+    writer = MetricWriter(locked, run, tmp_path / "run.spool.jsonl", interval=0.05)
+    writer.transition(states.RUNNING)
+    for step in range(1, 101):
+        writer.add(step, train_loss=float(step))
+    wait_for(lambda: writer.failures >= 2, timeout=60)
+    assert not writer.flush(timeout=5)  # not in the database yet ...
+    assert len((tmp_path / "run.spool.jsonl").read_text().splitlines()) == 101  # ... but on disk
+    holder.execute("ROLLBACK")
+    holder.close()
+    assert writer.close(timeout=60)
+    assert values(engine, run, "train_loss") == {s: float(s) for s in range(1, 101)}
+    assert store.status_of(engine, run) == states.RUNNING
+    get_engine.cache_clear()
+
+
+def test_a_late_end_from_the_trainer_never_undoes_a_kill(engine, tmp_path):
+    run = queued(engine)
+    writer = MetricWriter(engine, run, tmp_path / "run.spool.jsonl", interval=0.05)
+    writer.transition(states.RUNNING)
+    assert writer.flush()
+    assert states.transition(engine, run, states.KILLED, states.USER, message="killed by attnres kill")
+    writer.transition(states.FAILED, message="KeyboardInterrupt")
+    writer.add(3, train_loss=1.0)
+    writer.close()
+    r = store.get_run(engine, run)
+    assert (r.status, r.message) == (states.KILLED, "killed by attnres kill")
+    assert writer.refused == [(states.FAILED, states.KILLED)]
+    assert values(engine, run, "train_loss") == {3: 1.0}  # its values are still kept
+
+
+def write_spool(path, lines: list[object]) -> None:
+    with path.open("wb") as fh:
+        for line in lines:
+            fh.write(line if isinstance(line, bytes) else (json.dumps(line) + "\n").encode())
+
+
+def test_ingest_replays_changes_in_order_and_twice_is_once(engine, tmp_path):
+    run = queued(engine)
+    path = tmp_path / "s.jsonl"
+    write_spool(path, [{"run": run, "fields": {"status": states.RUNNING, "pid": 7}},
+                       *({"r": run, "s": s, "k": "eval_loss", "v": 10.0 - s} for s in range(5)),
+                       {"run": run, "fields": {"step": 4}},
+                       {"run": run, "fields": {"status": states.FINISHED, "exit_code": 0}}])
+    got = spool.ingest(engine, path, truncate=False)
+    assert got == {"rows": 5, "runs": 0, "skipped": 0}
+    again = spool.ingest(engine, path)
+    assert again["rows"] == 5 and path.stat().st_size == 0
+    assert values(engine, run, "eval_loss") == {s: 10.0 - s for s in range(5)}
+    r = store.get_run(engine, run)
+    assert (r.status, r.step, r.pid, r.exit_code) == (states.FINISHED, 4, 7, 0)
+
+
+def test_ingest_skips_unreadable_lines_and_keeps_every_good_one(engine, tmp_path):
+    run = queued(engine)
+    path = tmp_path / "s.jsonl"
+    write_spool(path, [{"r": run, "s": 1, "k": "a", "v": 1.0}, b"\xff\xfe not utf-8\n", b'{"r": 1, "s": 2, "k"\n',
+                       {"r": run, "s": "x", "k": "a", "v": 1.0}, {"r": run, "s": 3, "k": "a", "v": 3.0}])
+    got = spool.ingest(engine, path)
+    assert got["skipped"] == 3 and values(engine, run, "a") == {1: 1.0, 3: 3.0}
+
+
+def test_a_lost_database_is_rebuilt_from_the_snapshot_and_what_followed(tmp_path):
+    first = get_engine(str(tmp_path / "a.db"))
+    run = queued(first)
+    path = tmp_path / "s.jsonl"
+    snap = store.run_fields(first, run)
+    write_spool(path, [{"run": run, "snapshot": spool._jsonable(snap)},
+                       {"run": run, "fields": {"status": states.RUNNING}},
+                       {"r": run, "s": 1, "k": "train_loss", "v": 2.5},
+                       {"run": run, "fields": {"step": 1, "status": states.FINISHED}}])
+    fresh = get_engine(str(tmp_path / "b.db"))
+    got = spool.ingest(fresh, path)
+    assert got["runs"] == 1 and got["rows"] == 1
+    r = store.get_run(fresh, run)
+    assert (r.id, r.variant, r.status, r.step) == (run, "standard", states.FINISHED, 1)
+    assert r.config_hash == snap["config_hash"]
+    assert values(fresh, run, "train_loss") == {1: 2.5}

@@ -1,6 +1,12 @@
-"""Checkpoints: model, optimizer, step and RNG state, written atomically.
+"""Checkpoints: model, optimizer, step and RNG state, written atomically, the previous one kept.
 
 The data position needs no saving: the loader's batch is a function of (seed, step).
+
+A checkpoint is written to a temporary file, flushed to disk (fsync) and renamed over ``last.pt``
+only when complete; the checkpoint it replaces becomes ``prev.pt``. So a crash or a full disk
+mid-write leaves the last good checkpoint in place, and a ``last.pt`` damaged later (a cut file)
+still leaves ``prev.pt`` to continue from. Files are read with ``torch.load(weights_only=True)``:
+only tensors and plain containers, never arbitrary pickled objects.
 """
 
 from __future__ import annotations
@@ -12,27 +18,79 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from attnres.errors import AttnresError
+from attnres.logline import say
 
-def save(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = {
-        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-    }
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+LAST, PREVIOUS = "last.pt", "prev.pt"
 
 
-def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    """Restore state in place and return the step to continue from."""
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["rng"]["torch"])
-    np.random.set_state(state["rng"]["numpy"])
-    random.setstate(state["rng"]["python"])
-    if state["rng"]["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-    return int(state["step"])
+def _rng_state() -> dict:
+    """Every RNG's state as tensors and plain values (what ``weights_only`` loading accepts)."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, internal, py_gauss = random.getstate()
+    return {"torch": torch.get_rng_state(),
+            "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
+            "python": [version, list(internal), py_gauss],
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, py_gauss = state["python"]
+    random.setstate((version, tuple(internal), py_gauss))
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> Path:
+    """Write ``folder/last.pt`` atomically; the one it replaces is kept as ``prev.pt``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "rng": _rng_state()}
+    tmp = folder / f"{LAST}.tmp"
+    with tmp.open("wb") as fh:
+        torch.save(state, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    last = folder / LAST
+    if last.exists():
+        os.replace(last, folder / PREVIOUS)
+    os.replace(tmp, last)
+    dir_fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the renames themselves reach the disk
+    finally:
+        os.close(dir_fd)
+    return last
+
+
+def exists(folder: Path) -> bool:
+    return (folder / LAST).exists() or (folder / PREVIOUS).exists()
+
+
+def load(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Restore the newest readable checkpoint in place and return the step to continue from.
+
+    A ``last.pt`` that cannot be read falls back to ``prev.pt``, with one line saying so; when
+    neither can be read it is one clear error (``attnres resume --restart`` starts the run over).
+    """
+    errors = []
+    for name in (LAST, PREVIOUS):
+        path = folder / name
+        if not path.exists():
+            continue
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            _set_rng_state(state["rng"])
+        except Exception as exc:  # noqa: BLE001 - a cut, garbled or foreign file: try the previous one
+            errors.append(f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+            continue
+        if errors:
+            say(f"attnres: checkpoint {errors[0]} is unreadable; continuing from {name} (step {state['step']})",
+                err=True)
+        return int(state["step"])
+    raise AttnresError(f"no readable checkpoint in {folder} ({'; '.join(errors) or 'none there'}): "
+                       "`attnres resume --restart RUN` starts the run over")

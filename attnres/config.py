@@ -12,8 +12,9 @@ import dataclasses
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from attnres.errors import AttnresError, unknown
 
@@ -189,6 +190,49 @@ def get_preset(name: str) -> Preset:
     return PRESETS[name]
 
 
+def _at_least(low: float) -> tuple[Callable[[float], bool], str]:
+    return (lambda v: v >= low), f"at least {low:g}"
+
+
+_POSITIVE = ((lambda v: v > 0), "more than 0")
+_FRACTION = ((lambda v: 0 <= v <= 1), "between 0 and 1")
+_BETA = ((lambda v: 0 <= v < 1), "at least 0 and less than 1")
+
+#: the range of every numeric setting; a value outside it is refused when the config is built
+LIMITS: dict[str, tuple[Callable[[float], bool], str]] = {
+    "vocab_size": _at_least(2), "seq_len": _at_least(1), "n_layer": _at_least(1), "n_head": _at_least(1),
+    "d_model": _at_least(2), "mlp_multiple_of": _at_least(1), "rope_theta": _POSITIVE, "norm_eps": _POSITIVE,
+    "steps": _at_least(1), "batch_size": _at_least(1), "grad_accum": _at_least(1), "lr": _POSITIVE,
+    "min_lr_ratio": _FRACTION, "warmup": _at_least(0), "weight_decay": _at_least(0), "beta1": _BETA,
+    "beta2": _BETA, "grad_clip": _at_least(0), "eval_every": _at_least(1), "eval_batches": _at_least(1),
+    "log_every": _at_least(1), "checkpoint_every": _at_least(0),
+    "block_size": _at_least(1), "n_blocks": _at_least(0), "window": _at_least(0), "query_group": _at_least(1),
+    "query_rank": _at_least(0), "sparse_near": _at_least(0), "sparse_stride": _at_least(0),
+}
+
+
+def check(model: ModelConfig, train: TrainConfig) -> None:
+    """Refuse, with one line naming the setting, a config that cannot be trained."""
+    for obj in (model, train, model.residual):
+        hints = get_type_hints(type(obj))
+        for f in fields(obj):
+            value = getattr(obj, f.name)
+            choices = get_args(hints[f.name]) if get_origin(hints[f.name]) is Literal else ()
+            if choices and value not in choices:
+                raise AttnresError(f"bad value '{value}' for {f.name}: choose {', '.join(map(str, choices))}")
+            if f.name in LIMITS and not isinstance(value, bool):
+                ok, rule = LIMITS[f.name]
+                if not (math.isfinite(value) and ok(value)):
+                    raise AttnresError(f"bad value '{value}' for {f.name}: must be {rule}")
+    if model.d_model % model.n_head or model.head_dim % 2:
+        raise AttnresError(f"d_model {model.d_model} must be n_head ({model.n_head}) times an even head size "
+                           "(rotary position encoding turns channel pairs)")
+    if model.residual.rope and model.d_model % 2:
+        raise AttnresError(f"depth RoPE turns channel pairs: d_model {model.d_model} must be even")
+    if model.residual.sparse_near and not model.residual.sparse_stride:
+        raise AttnresError("sparse_near needs sparse_stride of at least 1")
+
+
 def _coerce(value: str, current: Any, key: str) -> Any:
     """Parse an override string into the type of the field it replaces."""
     try:
@@ -200,7 +244,7 @@ def _coerce(value: str, current: Any, key: str) -> Any:
             return int(value)
         if isinstance(current, float):
             return float(value)
-    except ValueError:
+    except (ValueError, OverflowError):
         raise AttnresError(f"bad value '{value}' for {key}: expected {type(current).__name__}") from None
     return value
 
@@ -219,4 +263,6 @@ def apply_overrides(model: ModelConfig, train: TrainConfig, overrides: list[str]
             raise unknown("setting", key, names)
         changes[owner][key] = _coerce(value, getattr(groups[owner], key), key)
     residual = replace(model.residual, **changes["residual"])
-    return replace(model, residual=residual, **changes["model"]), replace(train, **changes["train"])
+    model, train = replace(model, residual=residual, **changes["model"]), replace(train, **changes["train"])
+    check(model, train)
+    return model, train

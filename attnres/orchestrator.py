@@ -31,12 +31,20 @@ def enqueue(engine: Engine, cells: Sequence[PlannedRun], req: LaunchRequest) -> 
     for cell in cells:
         if cell.skip:
             continue
-        if cell.run_id is None:
-            cell.run_id = store.create_run(engine, cell.cfg, world_size=req.placement.nproc, git_commit=git_commit())
-        elif not states.transition(engine, cell.run_id, states.QUEUED, states.LAUNCHER, **_REOPENED):
-            continue  # someone else reopened or ended it meanwhile
-        store.update_run(engine, cell.run_id, log_path=str(paths.run_log(cell.run_id)), backend=req.backend,
-                         rule_json=rule, job_id=None)
+        try:
+            if cell.run_id is None:  # (no backend looks at a queued run before its log path is set)
+                cell.run_id = store.create_run(engine, cell.cfg, world_size=req.placement.nproc,
+                                               git_commit=git_commit(), backend=req.backend, rule_json=rule)
+                store.update_run(engine, cell.run_id, log_path=str(paths.run_log(cell.run_id)))
+            elif not states.transition(engine, cell.run_id, states.QUEUED, states.LAUNCHER, **_REOPENED,
+                                       log_path=str(paths.run_log(cell.run_id)), backend=req.backend,
+                                       rule_json=rule, job_id=None):
+                cell.skip = f"run {cell.run_id} changed meanwhile (now {store.status_of(engine, cell.run_id)})"
+                continue
+        except states.ActiveTwin:  # another launch queued this config between our plan and now
+            active = [r for r, s in store.runs_with_config(engine, cell.cfg.config_hash) if s in states.ACTIVE]
+            cell.skip = f"already queued or running as run {active[0] if active else '?'} (another launch)"
+            continue
         ids.append(cell.run_id)
     paths.logs_dir().mkdir(parents=True, exist_ok=True)
     return ids
@@ -51,18 +59,23 @@ def launch(engine: Engine, db_url: str, req: LaunchRequest, cells: Sequence[Plan
     """
     for name in {c.cfg.data for c in cells if not c.skip}:
         check_data(name)
+    planned = [c for c in cells if not c.skip]
     ids = enqueue(engine, cells, req)
+    late = [f"{c.cfg.variant} seed={c.cfg.seed}: skip: {c.skip}" for c in planned if c.skip]
     if not ids:
-        return ids, Submitted()
+        return ids, Submitted(late)
     tick = on_queued(ids) if on_queued else None
-    return ids, backends.get(req.backend).submit(engine, db_url, ids, req.placement, detach=detach, on_tick=tick)
+    done = backends.get(req.backend).submit(engine, db_url, ids, req.placement, detach=detach, on_tick=tick)
+    done.lines[:0] = late
+    return ids, done
 
 
-def reopen(engine: Engine, run_ids: Sequence[int]) -> int:
+def reopen(engine: Engine, run_ids: Sequence[int], restart: bool = False) -> int:
     """Queue interrupted local runs again, to continue from their checkpoint; returns their ranks per run.
 
     Every run is checked first (resumable, recorded by this revision of its variant, local): a
-    refusal changes nothing.
+    refusal changes nothing. With ``restart`` a run starts over from step 0: its checkpoints are
+    moved aside (``checkpoints/run-ID.restart-K``, kept) and its metrics dropped.
     """
     runs = [store.get_run(engine, rid) for rid in run_ids]
     for r in runs:
@@ -76,15 +89,32 @@ def reopen(engine: Engine, run_ids: Sequence[int]) -> int:
             raise AttnresError(f"run {r.id} ran on {r.backend}: launch its grid again with --backend {r.backend}, "
                                "which continues it from its checkpoint")
     for r in runs:
-        if not states.transition(engine, r.id, states.QUEUED, states.LAUNCHER, **_REOPENED):
+        try:
+            reopened = states.transition(engine, r.id, states.QUEUED, states.LAUNCHER, **_REOPENED, job_id=None)
+        except states.ActiveTwin:
+            raise AttnresError(f"run {r.id}'s config is already queued or running as another run") from None
+        if not reopened:
             raise AttnresError(f"run {r.id} changed meanwhile (now {store.status_of(engine, r.id)}); try again")
+        if restart:
+            _set_aside(paths.checkpoints_dir(r.id))
+            store.drop_metrics_after(engine, r.id, -1)
+            store.update_run(engine, r.id, step=0, started_at=None)
     return max(r.world_size for r in runs)
 
 
-def resume(engine: Engine, db_url: str, run_ids: Sequence[int], *, detach: bool = False,
+def _set_aside(folder: Path) -> None:
+    """Move a run's checkpoint folder out of the way (numbered, never overwritten)."""
+    if folder.exists():
+        k = 1
+        while (aside := folder.with_name(f"{folder.name}.restart-{k}")).exists():
+            k += 1
+        folder.rename(aside)
+
+
+def resume(engine: Engine, db_url: str, run_ids: Sequence[int], *, detach: bool = False, restart: bool = False,
            on_tick: Callable[[], None] | None = None) -> Submitted:
-    """Continue interrupted runs from their last checkpoint, on this machine."""
-    nproc = reopen(engine, run_ids)
+    """Continue interrupted runs from their last checkpoint (or from step 0: ``restart``), on this machine."""
+    nproc = reopen(engine, run_ids, restart)
     return backends.get("local").submit(engine, db_url, run_ids, Placement(nproc=nproc), detach=detach,
                                         on_tick=on_tick)
 

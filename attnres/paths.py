@@ -11,6 +11,7 @@ logs, spools, sbatch   ./logs                   ATTNRES_LOGS
 checkpoints            ./checkpoints            ATTNRES_CHECKPOINTS
 prepared datasets      ./data                   ATTNRES_DATA
 compiled CPU kernels   ~/.cache/attnres         ATTNRES_CACHE
+machine run slots      /tmp/attnres-slots-UID   ATTNRES_SLOTS (lock files every queue shares)
 =====================  =======================  ==============================================
 """
 
@@ -55,6 +56,12 @@ def sbatch_script(log: Path) -> Path:
 def queue_log(first_run: int) -> Path:
     """The output of a detached queue process, named after its first run."""
     return logs_dir() / f"queue-{first_run}.log"
+
+
+def slots_dir() -> Path:
+    """Lock files of this machine's run slots (one per GPU, or one for the CPU), shared by every queue
+    process of this user: ``$ATTNRES_SLOTS`` or ``/tmp/attnres-slots-<uid>``."""
+    return Path(os.environ.get("ATTNRES_SLOTS") or f"/tmp/attnres-slots-{os.getuid()}")  # noqa: S108
 
 
 def checkpoints_dir(run_id: int) -> Path:

@@ -8,6 +8,7 @@ queued or running), or continue an interrupted run of the same config from its c
 
 from __future__ import annotations
 
+import math
 import subprocess
 from dataclasses import dataclass, field
 from functools import cache
@@ -58,6 +59,8 @@ def request(variants: list[str], seeds: list[int] | None, preset: str = "tiny", 
     if kill_if_worse_than is not None:
         if at_step is None or at_step < 1:
             raise AttnresError("--kill-if-worse-than needs --at-step N (an eval step)")
+        if not (math.isfinite(by) and by >= 0):
+            raise AttnresError(f"--by {by}: the margin must be a finite number of at least 0")
         rule = {"baseline": canonical(kill_if_worse_than), "by": by, "at_step": at_step}
     overrides = list(overrides or []) + ([f"steps={steps}"] if steps is not None else [])
     req = LaunchRequest(names, seeds, preset, overrides, data, backend, placement, rule, force)

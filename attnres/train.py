@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     recorder = open_recorder(engine, run_id, d.world) if d.is_rank0 else NullRecorder()
     try:
         check_revision(cfg, run_id)  # a run recorded by older code is not continued by this one
-        ending = train(cfg, d, recorder, paths.checkpoints_dir(run_id) / "last.pt", fresh=args.fresh)
+        ending = train(cfg, d, recorder, paths.checkpoints_dir(run_id), fresh=args.fresh)
     except BaseException as exc:
         if d.is_rank0:
             recorder.fail(exc)

@@ -22,6 +22,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from sqlalchemy import Engine
 
@@ -30,6 +31,7 @@ from attnres.tracking import states, store
 from attnres.variants import canonical
 
 REQUIRED = ["variant", "seed", "step", "key", "value"]
+INT_MAX = 2**31 - 1  # INTEGER in PostgreSQL
 
 
 def export(engine: Engine, out: Path, fmt: str = "csv") -> list[Path]:
@@ -64,17 +66,24 @@ def _read(path: Path) -> pd.DataFrame:
     raise AttnresError(f"unsupported file '{path}': expected .csv, .jsonl or .parquet")
 
 
-def import_file(engine: Engine, path: Path) -> dict[str, int]:
-    """Record the runs of a metric file; returns counts of runs created and rows given."""
+def read_import(path: Path) -> pd.DataFrame:
+    """Read and check a metric file before anything is recorded (one clear line for what is wrong)."""
     df = _read(path)
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise AttnresError(f"{path} lacks column(s) {', '.join(missing)} (see `attnres import --help`)")
-    try:
-        df["seed"], df["step"] = df["seed"].astype(int), df["step"].astype(int)
-        df["value"] = df["value"].astype(float)
-    except (ValueError, TypeError):
-        raise AttnresError(f"{path}: seed and step must be integers and value a number") from None
+    for col, low in (("seed", -INT_MAX - 1), ("step", 0)):  # integers the database's INTEGER column holds
+        numbers = pd.to_numeric(df[col], errors="coerce")
+        bad = df.index[numbers.isna() | (numbers % 1 != 0) | (numbers < low) | (numbers > INT_MAX)]
+        if len(bad):
+            raise AttnresError(f"{path}: row {bad[0] + 1}: {col} '{df[col].iloc[bad[0]]}' is not an integer "
+                               f"from {low} to {INT_MAX}")
+        df[col] = numbers.astype("int64")
+    values = pd.to_numeric(df["value"], errors="coerce")
+    bad = df.index[~np.isfinite(values.to_numpy(dtype=float, na_value=np.nan))]
+    if len(bad):
+        raise AttnresError(f"{path}: row {bad[0] + 1}: value '{df['value'].iloc[bad[0]]}' is not a finite number")
+    df["value"] = values.astype(float)
     df["variant"] = [canonical(v) for v in df["variant"]]
     if "run" not in df.columns:
         df["run"] = df["variant"] + "-s" + df["seed"].astype(str)
@@ -82,6 +91,12 @@ def import_file(engine: Engine, path: Path) -> dict[str, int]:
     bad = set(df["status"]) - set(states.STATES)
     if bad:
         raise AttnresError(f"{path}: unknown status {', '.join(sorted(bad))}")
+    return df
+
+
+def import_file(engine: Engine, path: Path, df: pd.DataFrame | None = None) -> dict[str, int]:
+    """Record the runs of a metric file (read by :func:`read_import`); returns runs created and rows given."""
+    df = read_import(path) if df is None else df
     created = 0
     for (label, variant, seed), grp in df.groupby(["run", "variant", "seed"], sort=True):
         ident = hashlib.sha256(f"import:{label}:{variant}:{seed}".encode()).hexdigest()[:12]

@@ -60,18 +60,18 @@ def launch(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan and torchrun commands only")] = False,
     kill_if_worse_than: Annotated[str | None, typer.Option(help="early-stop rule: baseline variant")] = None,
     by: Annotated[float, typer.Option(help="early-stop rule: margin in eval loss")] = 0.1,
-    at_step: Annotated[int | None, typer.Option(help="early-stop rule: eval step to check")] = None,
+    at_step: Annotated[int | None, typer.Option(min=1, help="early-stop rule: eval step to check")] = None,
     backend: Annotated[str, typer.Option(help="where runs execute: local | slurm")] = "local",
     partition: Annotated[str | None, typer.Option(help="SLURM partition")] = None,
-    nodes: Annotated[int, typer.Option(help="SLURM nodes per run")] = 1,
-    gpus_per_node: Annotated[int, typer.Option(help="SLURM GPUs per node (0: CPU, --nproc ranks)")] = 0,
+    nodes: Annotated[int, typer.Option(min=1, help="SLURM nodes per run")] = 1,
+    gpus_per_node: Annotated[int, typer.Option(min=0, help="SLURM GPUs per node (0: CPU, --nproc ranks)")] = 0,
     time_limit: Annotated[str | None, typer.Option("--time", help="SLURM time limit")] = None,
     backend_opt: Annotated[list[str] | None, typer.Option("--backend-opt", help="KEY=VALUE for the backend")] = None,
     db: DbOpt = None,
 ) -> None:
     """Train every VARIANT x seed with torchrun, recording runs and metrics in the database."""
     from attnres import orchestrator, planning
-    from attnres.backends import Placement, trainer_command
+    from attnres.backends import Placement, QueueStopped, trainer_command
     from attnres.tracking.db import get_engine, normalize_url
 
     placement = Placement(nproc, gpus_per_run, nodes, gpus_per_node, partition, time_limit,
@@ -93,9 +93,18 @@ def launch(
     bars = RunBars(engine)
     try:
         _, done = orchestrator.launch(engine, url, req, cells, detach=detach, on_queued=bars.watch)
+    except QueueStopped as stop:
+        bars.close()
+        _stopped(stop)
     finally:
         bars.close()
     _show_submitted(engine, done)
+
+
+def _stopped(stop: Exception) -> None:
+    """Ctrl-C: the one line that says what stopped and how to continue; exit 130."""
+    err.print(str(stop), markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(130)
 
 
 def key_values(items: list[str], option: str) -> dict[str, str]:
@@ -135,8 +144,11 @@ class RunBars:
 
     def close(self) -> None:
         if self.progress is not None:
-            self.tick()
-            self.progress.stop()
+            try:
+                self.tick()
+            finally:
+                self.progress.stop()
+                self.progress = None
 
 
 def _show_submitted(engine: object, done: Submitted) -> None:
@@ -157,19 +169,24 @@ def _show_submitted(engine: object, done: Submitted) -> None:
 
 @app.command()
 def resume(
-    run: Annotated[list[int], typer.Argument(help="run ids to continue from their last checkpoint")],
+    run: Annotated[list[int], typer.Argument(min=1, help="run ids to continue from their last checkpoint")],
     detach: Annotated[bool, typer.Option(help="return at once; the queue runs in the background")] = False,
+    restart: Annotated[bool, typer.Option(help="start over from step 0 (checkpoints are set aside, kept)")] = False,
     db: DbOpt = None,
 ) -> None:
     """Continue interrupted runs (failed, killed, preempted) from their last checkpoint."""
     from attnres import orchestrator
+    from attnres.backends import QueueStopped
     from attnres.tracking.db import get_engine, normalize_url
 
     engine = get_engine(db, create=False)
     bars = RunBars(engine)
     bars.watch(list(run))
     try:
-        done = orchestrator.resume(engine, normalize_url(db), run, detach=detach, on_tick=bars.tick)
+        done = orchestrator.resume(engine, normalize_url(db), run, detach=detach, restart=restart, on_tick=bars.tick)
+    except QueueStopped as stop:
+        bars.close()
+        _stopped(stop)
     finally:
         bars.close()
     _show_submitted(engine, done)
@@ -177,7 +194,7 @@ def resume(
 
 @app.command()
 def kill(
-    run: Annotated[list[int] | None, typer.Argument(help="run ids")] = None,
+    run: Annotated[list[int] | None, typer.Argument(min=1, help="run ids")] = None,
     all_: Annotated[bool, typer.Option("--all", help="every queued or running run")] = False,
     db: DbOpt = None,
 ) -> None:
@@ -193,9 +210,9 @@ def kill(
 
 @app.command()
 def logs(
-    run: Annotated[int, typer.Argument(help="run id")],
+    run: Annotated[int, typer.Argument(min=1, help="run id")],
     follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing until the run ends")] = False,
-    lines: Annotated[int, typer.Option("-n", help="last lines to show")] = 40,
+    lines: Annotated[int, typer.Option("-n", min=0, help="last lines to show")] = 40,
     db: DbOpt = None,
 ) -> None:
     """Show a run's log (stdout and stderr of its torchrun job)."""
@@ -226,16 +243,19 @@ def logs(
 @app.command()
 def status(
     watch: Annotated[bool, typer.Option("--watch", help="live grid view: variants x seeds, until Ctrl-C")] = False,
-    interval: Annotated[float, typer.Option(help="--watch refresh seconds")] = 2.0,
+    interval: Annotated[float, typer.Option(min=0.1, max=3600, help="--watch refresh seconds")] = 2.0,
     db: DbOpt = None,
 ) -> None:
     """Live state of every run (runs whose process died are marked failed first)."""
     from attnres import orchestrator
     from attnres.overview import grid_rows, status_rows
     from attnres.tracking import states
-    from attnres.tracking.db import get_engine
+    from attnres.tracking.db import exists, get_engine
 
-    engine = get_engine(db, create=False)
+    if not exists(db):  # nothing launched here yet: an empty listing, not an error (and no file made)
+        console.print("no runs yet: start one with `attnres launch standard --seeds 42`")
+        return
+    engine = get_engine(db, create=False, busy_s=1.0)  # shows what it can read now; never waits on a lock
     if watch:
         from rich.live import Live
 
@@ -277,7 +297,7 @@ def status(
 def report(
     out: Annotated[Path, typer.Option("--out", help="markdown file to write")] = Path("attnres-results.md"),
     baseline: Annotated[str, typer.Option(help="variant every Δ is measured against")] = "standard",
-    step: Annotated[int | None, typer.Option(help="eval step to compare (default: largest common)")] = None,
+    step: Annotated[int | None, typer.Option(min=0, help="eval step to compare (default: largest common)")] = None,
     plots: Annotated[bool, typer.Option(help="write PNG figures under reports/ beside --out")] = True,
     db: DbOpt = None,
 ) -> None:
@@ -293,7 +313,7 @@ def report(
 @app.command()
 def compare(
     variant: Annotated[list[str], typer.Argument(help="two or more variants; Δ is against the first")],
-    step: Annotated[int | None, typer.Option(help="step for the seed statistics (default: last common)")] = None,
+    step: Annotated[int | None, typer.Option(min=0, help="step for the seed statistics (default: last common)")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="also write the comparison as markdown")] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="save the eval-curve overlay (PNG)")] = None,
     db: DbOpt = None,
@@ -368,10 +388,10 @@ def main() -> None:
         err.print("aborted")
         sys.exit(130)
     except Exception as exc:  # click usage errors come through here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.ClickException):
-            hint = f" (see `attnres {exc.ctx.info_name} --help`)" if getattr(exc, "ctx", None) else ""
+        # typer may vendor its own click: recognise its usage errors by class name, not by import
+        if any(c.__name__ == "ClickException" for c in type(exc).__mro__):
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see `attnres {ctx.info_name} --help`)" if ctx is not None else ""
             err.print(f"error: {exc.format_message()}{hint}", markup=False, highlight=False, soft_wrap=True)
             sys.exit(2)
         raise

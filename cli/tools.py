@@ -33,9 +33,10 @@ def import_cmd(
 ) -> None:
     """Import runs recorded elsewhere (format: see attnres/transfer.py or README) into the database."""
     from attnres.tracking.db import get_engine
-    from attnres.transfer import import_file
+    from attnres.transfer import import_file, read_import
 
-    counts = import_file(get_engine(db), file)
+    frame = read_import(file)  # checked before the database is opened: bad input changes nothing
+    counts = import_file(get_engine(db), file, frame)
     console.print(f"imported {counts['rows']:,} metric rows; {counts['runs_created']} new run(s)")
 
 
@@ -45,7 +46,7 @@ def bench(
         help="variants to race against standard (default: every variant with a target), or data | report")] = None,
     preset: Annotated[str, typer.Option(help="variants: model size (default `bench`: 12L d512, vocab 512)")] = "bench",
     steps: Annotated[int | None, typer.Option(help="variants: timed steps (10); report: steps per run (6000)")] = None,
-    warmup: Annotated[int, typer.Option(help="variants: untimed steps first")] = 1,
+    warmup: Annotated[int, typer.Option(min=0, help="variants: untimed steps first")] = 1,
     set_: Annotated[list[str] | None, typer.Option("--set", help="variants: override KEY=VALUE")] = None,
     device: Annotated[str | None, typer.Option(help="variants: cpu | cuda (default: cuda if present)")] = None,
     megabytes: Annotated[float, typer.Option(help="bench data: text size")] = 8.0,
@@ -138,14 +139,13 @@ def data_prepare(
     max_tokens: Annotated[int, typer.Option(help="stop after this many tokens (0 = all)")] = 0,
     config: Annotated[str, typer.Option(help="FineWeb-Edu config")] = "sample-10BT",
     eval_fraction: Annotated[float, typer.Option(help="share of documents held out")] = 0.1,
-    shard_tokens: Annotated[int, typer.Option(help="tokens per shard")] = 50_000_000,
+    shard_tokens: Annotated[int, typer.Option(min=1, help="tokens per shard")] = 50_000_000,
     force: Annotated[bool, typer.Option(help="discard an existing dataset at --out")] = False,
 ) -> None:
     """Tokenize a corpus (GPT-2 BPE) into uint16 shards with a held-out split and a manifest."""
     from attnres.data.prepare import prepare, source_for
 
-    src, default = source_for(source, data_files, config, max_tokens, eval_fraction)
-    target = out or default
+    src, target = source_for(source, data_files, config, max_tokens, eval_fraction, out)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[rate]}"),
                   TimeElapsedColumn(), console=console) as bar:
         task = bar.add_task("tokenizing", total=max_tokens or None, rate="")

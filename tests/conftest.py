@@ -26,6 +26,25 @@ FAST = ["--set", "batch_size=4", "--set", "eval_batches=2", "--set", "eval_every
         "--set", "n_head=2", "--set", "seq_len=32"]
 
 
+# The issue's tiny run: 150 steps, every step logged (5 values a step) and evals every 25 steps.
+ISSUE_RUN = ["--set", "n_layer=1", "--set", "d_model=32", "--set", "n_head=2", "--set", "batch_size=2",
+             "--set", "seq_len=32", "--steps", "150", "--set", "log_every=1", "--set", "eval_batches=1"]
+ISSUE_ROWS = 150 * 5 + 7  # train_loss, lr, grad_norm, tokens_per_s, peak_memory_bytes; eval at 0, 25, ..., 150
+
+
+def queue_pid(stdout: str) -> int:
+    """The pid of the background queue that `attnres launch --detach` reports."""
+    return int(stdout.split("(pid ")[1].split(")")[0])
+
+
+def metric_rows(db: Path, run_id: int = 1) -> int:
+    try:
+        with sqlite3.connect(db) as conn:
+            return conn.execute("select count(*) from metrics where run_id = ?", (run_id,)).fetchone()[0]
+    except sqlite3.OperationalError:
+        return 0
+
+
 @pytest.fixture(scope="session")
 def builtin_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The built-in corpus, prepared once for the whole session."""
@@ -44,6 +63,7 @@ def workdir(tmp_path: Path, builtin_data: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("ATTNRES_DB", str(tmp_path / "runs.db"))
     monkeypatch.setenv("ATTNRES_LOGS", str(tmp_path / "logs"))
     monkeypatch.setenv("ATTNRES_CHECKPOINTS", str(tmp_path / "checkpoints"))
+    monkeypatch.setenv("ATTNRES_SLOTS", str(tmp_path / "slots"))  # this test's queues share these only
     yield tmp_path
     stop_leftovers(tmp_path / "runs.db")
 
@@ -63,10 +83,15 @@ def stop_leftovers(db: Path) -> None:
 
 # -- reading what the real processes recorded, and waiting for it ----------------------------------
 def runs(workdir: Path, db: str = "runs.db") -> list[dict]:
-    """Every run row of the test's SQLite file, oldest first."""
-    with sqlite3.connect(workdir / db) as conn:
-        conn.row_factory = sqlite3.Row
-        return [dict(r) for r in conn.execute("select * from runs order by id")]
+    """Every run row of the test's SQLite file, oldest first ([] before the launcher made it)."""
+    if not (workdir / db).exists():
+        return []
+    try:
+        with sqlite3.connect(f"file:{workdir / db}?mode=ro", uri=True) as conn:
+            conn.row_factory = sqlite3.Row
+            return [dict(r) for r in conn.execute("select * from runs order by id")]
+    except sqlite3.OperationalError:  # the schema is not there yet
+        return []
 
 
 def curve(workdir: Path, run_id: int, key: str, db: str = "runs.db") -> dict[int, float]:

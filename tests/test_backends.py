@@ -13,7 +13,8 @@ import pytest
 
 from attnres import backends, orchestrator, planning
 from attnres.backends import ALIVE, GONE, Backend, Placement, Submitted
-from attnres.backends.local import STALE_AFTER_S, LocalBackend
+from attnres.backends import HEARTBEAT_SILENCE_S as STALE_AFTER_S
+from attnres.backends.local import LocalBackend
 from attnres.tracking import states, store
 from attnres.tracking.db import get_engine
 
@@ -68,9 +69,10 @@ def test_an_unknown_backend_is_one_clear_line():
         backends.get("k8s")
 
 
-def running_row(engine, host: str, pid: int | None, beat_age_s: float) -> object:
-    rid = store.create_run(engine, planning.plan(None, planning.request(["standard"], [1]))[0].cfg)
+def running_row(engine, host: str, pid: int | None, beat_age_s: float, seed: int, started_s_ago: float = 0) -> object:
+    rid = store.create_run(engine, planning.plan(None, planning.request(["standard"], [seed]))[0].cfg)
     states.transition(engine, rid, states.RUNNING, states.TRAINER, host=host, pid=pid,
+                      started_at=store.now() - timedelta(seconds=started_s_ago),
                       heartbeat_at=store.now() - timedelta(seconds=beat_age_s))
     return store.get_run(engine, rid)
 
@@ -80,13 +82,13 @@ def test_local_poll_decides_by_process_on_this_host_and_by_heartbeat_elsewhere(t
 
     engine = get_engine(str(tmp_path / "runs.db"))
     here = socket.gethostname()
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
     cases = {
-        "alive here, silent": (running_row(engine, here, os.getpid(), STALE_AFTER_S * 10), ALIVE),
-        "gone here, fresh": (running_row(engine, here, dead.pid, 0), GONE),
-        "elsewhere, silent": (running_row(engine, "another-host", 12345, STALE_AFTER_S * 2), GONE),
-        "elsewhere, fresh": (running_row(engine, "another-host", 12345, 1), ALIVE),
+        "alive here, silent": (running_row(engine, here, os.getpid(), STALE_AFTER_S * 10, 1), ALIVE),
+        "gone here, fresh": (running_row(engine, here, 2**31 - 1, 0, 2), GONE),  # no such pid, ever
+        # a run from a day ago whose pid now belongs to a process that began since (this one): reused
+        "reused pid here": (running_row(engine, here, os.getpid(), 0, 5, started_s_ago=86400), GONE),
+        "elsewhere, silent": (running_row(engine, "another-host", 12345, STALE_AFTER_S * 2, 3), GONE),
+        "elsewhere, fresh": (running_row(engine, "another-host", 12345, 1, 4), ALIVE),
     }
     got = LocalBackend().poll([run for run, _ in cases.values()])
     assert {name: got[run.id][0] for name, (run, _) in cases.items()} == {n: v for n, (_, v) in cases.items()}

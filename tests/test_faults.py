@@ -16,7 +16,7 @@ import pytest
 from alembic import command
 from conftest import FAST, attnres, runs, train_steps, wait_for
 
-from attnres.tracking.db import _alembic
+from attnres.tracking.db import HEAD, _alembic
 from attnres.tracking.store import metrics_frame
 
 PG = os.environ.get("ATTNRES_TEST_PG_URL")
@@ -172,7 +172,7 @@ def test_older_schema_is_refused_then_upgraded_keeping_its_runs(workdir):
     assert proc.returncode == 2 and "older" in proc.stderr and "attnres db upgrade" in proc.stderr
     assert sha(db) == before
     shutil.copy(db, workdir / "backup.db")
-    assert "0001 -> 0002" in attnres("db", "upgrade", check=True).stdout
+    assert f"0001 -> {HEAD}" in attnres("db", "upgrade", check=True).stdout
     status = attnres("status", check=True).stdout
     assert "standard" in status and "finished" in status
 

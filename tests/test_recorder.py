@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from attnres.errors import AttnresError
 from attnres.tracking import states, store
 from attnres.tracking.db import get_engine
 from attnres.training.loop import Ending
@@ -77,4 +78,44 @@ def test_an_end_after_a_kill_is_not_recorded_and_says_so(engine, capsys):
     states.transition(engine, rec.run_id, states.KILLED, states.USER, message="killed by attnres kill")
     rec.finish(Ending(states.FINISHED, 12))
     assert store.get_run(engine, rec.run_id).message == "killed by attnres kill"
-    assert "was already killed: its end as finished is not recorded" in capsys.readouterr().out
+    assert "was already killed: its change to finished is not recorded" in capsys.readouterr().out
+
+
+def test_a_run_killed_before_its_trainer_starts_is_not_trained(engine):
+    run = queued(engine)
+    states.transition(engine, run, states.KILLED, states.USER)
+    with pytest.raises(AttnresError, match=f"run {run} is killed: not starting it"):
+        RunRecorder(engine, run)
+    assert store.status_of(engine, run) == states.KILLED
+
+
+def test_a_resumed_run_writes_the_uninterrupted_curve_to_the_database(engine, workdir):
+    """SIGTERM-style stop at step 3, then a second attempt from the checkpoint: the database holds
+    exactly the values of an uninterrupted run, stale ones past the checkpoint dropped first."""
+    from attnres.training.distributed import single
+    from attnres.training.loop import Preemption, train
+
+    cfg = resolve_run("standard", "tiny", 5, ["batch_size=2", "eval_batches=1", "warmup=2", "log_every=1",
+                                              "steps=8", "eval_every=2", "checkpoint_every=3"])
+    whole, part = (store.create_run(engine, c) for c in (cfg, resolve_run("standard", "tiny", 6, [])))
+    store.update_run(engine, part, config_json=cfg.to_json())
+    first = RunRecorder(engine, whole)
+    first.finish(train(cfg, single(), first, workdir / "a"))
+    store.log_metrics(engine, part, [(s, "train_loss", 99.0) for s in range(4, 9)])  # stale, from a lost attempt
+    flag = Preemption()
+    rec = RunRecorder(engine, part)
+    real = rec.progress
+
+    def stop_at_3(step: int) -> None:
+        real(step)
+        flag.requested = step == 2
+
+    rec.progress = stop_at_3
+    ending = train(cfg, single(), rec, workdir / "b", preemption=flag)
+    rec.finish(ending)
+    states.transition(engine, part, states.QUEUED, states.LAUNCHER)
+    second = RunRecorder(engine, part)
+    second.finish(train(cfg, single(), second, workdir / "b", preemption=Preemption()))
+    for key in ("train_loss", "eval_loss"):
+        a, b = (store.metrics_frame(engine, [key], [r]).set_index("step")["value"].to_dict() for r in (whole, part))
+        assert a == b

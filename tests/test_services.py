@@ -41,7 +41,7 @@ def test_slurm_runs_a_tiny_grid_through_sbatch_to_finished(workdir):
     assert "srun --kill-on-bad-exit=1" in script and "--rdzv_backend=c10d" in script
     for job in jobs:  # the trainer records "finished" just before its SLURM job ends
         wait_for(lambda job=job: "JobState=COMPLETED" in subprocess.run(
-            ["scontrol", "show", "job", job], capture_output=True, text=True).stdout, )
+            ["scontrol", "show", "job", job], capture_output=True, text=True).stdout)
     with sqlite3.connect(workdir / "runs.db") as conn:
         assert conn.execute("select count(*) from metrics").fetchone()[0] > 0
 
@@ -49,12 +49,12 @@ def test_slurm_runs_a_tiny_grid_through_sbatch_to_finished(workdir):
 @pytest.mark.skipif(not SLURM, reason="SLURM not started (.ci/services.sh start sets ATTNRES_TEST_SLURM)")
 def test_slurm_kill_cancels_the_job(workdir):
     attnres("launch", "standard", "--seeds", "9", "--steps", "5000", *FAST, "--backend", "slurm", check=True)
-    wait_for(lambda: runs(workdir)[0]["status"] == "running", )
+    wait_for(lambda: runs(workdir)[0]["status"] == "running")
     job = runs(workdir)[0]["job_id"]
     attnres("kill", "1", check=True)
     assert runs(workdir)[0]["status"] == "killed"
     wait_for(lambda: job not in subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True,
-                                                text=True).stdout.split(), )
+                                                text=True).stdout.split())
 
 
 @pytest.mark.skipif(not SLURM, reason="SLURM not started (.ci/services.sh start sets ATTNRES_TEST_SLURM)")

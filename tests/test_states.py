@@ -19,6 +19,7 @@ ALLOWED = (
     | {(states.TRAINER, s, to) for s in (states.QUEUED, states.RUNNING, states.PREEMPTED)
        for to in (states.RUNNING, states.FINISHED, states.DIVERGED, states.STOPPED, states.PREEMPTED, states.FAILED)}
     | {(a, s, states.FAILED) for a in (states.SUPERVISOR, states.MONITOR) for s in (states.QUEUED, states.RUNNING)}
+    | {(states.SUPERVISOR, states.QUEUED, states.PREEMPTED)}
     | {(states.USER, s, states.KILLED) for s in (states.QUEUED, states.RUNNING, states.PREEMPTED)}
 )
 
@@ -28,8 +29,13 @@ def engine(tmp_path):
     return get_engine(str(tmp_path / "runs.db"))
 
 
+SEEDS = iter(range(10**6))
+
+
 def new_run(engine, status: str) -> int:
-    return store.create_run(engine, resolve_run("standard", "tiny", 1), actor=states.IMPORTER, status=status)
+    """A run in ``status``, of a config of its own (one config may have one active run only)."""
+    return store.create_run(engine, resolve_run("standard", "tiny", next(SEEDS)), actor=states.IMPORTER,
+                            status=status)
 
 
 def test_every_transition_is_allowed_or_refused_as_the_rules_say(engine):
@@ -108,3 +114,35 @@ def test_update_run_cannot_write_a_status(engine):
         store.update_run(engine, run, status=states.FINISHED)
     store.update_run(engine, run, step=5)
     assert store.get_run(engine, run).step == 5 and store.status_of(engine, run) == states.RUNNING
+
+
+def test_the_database_index_and_the_machine_agree_on_what_is_active():
+    from attnres.tracking.schema import ACTIVE_SQL
+
+    assert ACTIVE_SQL == "status IN ({})".format(", ".join(f"'{s}'" for s in states.ACTIVE))
+
+
+def test_a_second_active_run_of_a_config_is_refused_by_the_database(engine):
+    cfg = resolve_run("standard", "tiny", 1)
+    first = store.create_run(engine, cfg)
+    with pytest.raises(states.ActiveTwin):
+        store.create_run(engine, cfg)
+    states.transition(engine, first, states.FAILED, states.SUPERVISOR)
+    second = store.create_run(engine, cfg)  # the first is no longer active
+    with pytest.raises(states.ActiveTwin):
+        states.transition(engine, first, states.QUEUED, states.LAUNCHER)  # reopening it would make twins
+    assert store.status_of(engine, first) == states.FAILED and store.status_of(engine, second) == states.QUEUED
+
+
+def test_who_may_create_a_run_in_which_state(engine):
+    cfg = resolve_run("standard", "tiny", 424242)
+    for actor in ACTORS:
+        for status in states.STATES:
+            may = status in {states.LAUNCHER: {states.QUEUED}, states.IMPORTER: set(states.STATES),
+                             states.RESTORER: set(states.STATES)}.get(actor, set())
+            if may:
+                continue  # (creating every combination would make active twins; one row each is enough below)
+            with pytest.raises(states.TransitionError):
+                store.create_run(engine, cfg, actor=actor, status=status)
+    assert store.status_of(engine, store.create_run(engine, cfg, actor=states.RESTORER, status=states.KILLED)) \
+        == states.KILLED

@@ -18,7 +18,7 @@ def cfg(steps: int, *extra: str, variant: str = "standard"):
 
 def test_a_run_finishes_with_its_evals_and_logs(workdir):
     rec = MemoryRecorder()
-    ending = train(cfg(6, "eval_every=3"), single(), rec, workdir / "ck" / "last.pt")
+    ending = train(cfg(6, "eval_every=3"), single(), rec, workdir / "ck")
     assert (ending.status, ending.step) == (states.FINISHED, 6)
     assert sorted(rec.metrics["eval_loss"]) == [0, 3, 6] and sorted(rec.metrics["train_loss"]) == list(range(1, 7))
     assert rec.metrics["eval_loss"][6] < rec.metrics["eval_loss"][0]
@@ -27,13 +27,13 @@ def test_a_run_finishes_with_its_evals_and_logs(workdir):
 
 
 def test_a_non_finite_loss_ends_as_diverged_at_its_step(workdir):
-    ending = train(cfg(30, "lr=1e4", "grad_clip=0"), single(), MemoryRecorder(), workdir / "last.pt")
+    ending = train(cfg(30, "lr=1e4", "grad_clip=0"), single(), MemoryRecorder(), workdir / "ck")
     assert ending.status == states.DIVERGED and 1 <= ending.step < 30 and "non-finite" in ending.message
 
 
 def test_the_recorders_verdict_stops_the_run_at_that_eval(workdir):
     rec = MemoryRecorder(stop_at={4: "worse than the baseline"})
-    ending = train(cfg(10, "eval_every=2"), single(), rec, workdir / "last.pt")
+    ending = train(cfg(10, "eval_every=2"), single(), rec, workdir / "ck")
     assert (ending.status, ending.step, ending.message) == (states.STOPPED, 4, "worse than the baseline")
     assert max(rec.metrics["train_loss"]) == 4
 
@@ -41,14 +41,14 @@ def test_the_recorders_verdict_stops_the_run_at_that_eval(workdir):
 def test_sigterm_preempts_after_the_step_with_a_checkpoint(workdir):
     flag = Preemption()
     flag.requested = True
-    ending = train(cfg(10), single(), MemoryRecorder(), workdir / "last.pt", preemption=flag)
-    assert (ending.status, ending.step) == (states.PREEMPTED, 1) and (workdir / "last.pt").exists()
+    ending = train(cfg(10), single(), MemoryRecorder(), workdir / "ck", preemption=flag)
+    assert (ending.status, ending.step) == (states.PREEMPTED, 1) and (workdir / "ck" / "last.pt").exists()
 
 
 @pytest.mark.parametrize("variant", ["standard", "control_block"])
 def test_resuming_from_a_checkpoint_reproduces_the_uninterrupted_run_exactly(workdir, variant):
     full = MemoryRecorder()
-    train(cfg(8, "eval_every=2", variant=variant), single(), full, workdir / "a.pt")
+    train(cfg(8, "eval_every=2", variant=variant), single(), full, workdir / "a")
     first = cfg(8, "eval_every=2", "checkpoint_every=3", variant=variant)
     flag = Preemption()
 
@@ -58,9 +58,31 @@ def test_resuming_from_a_checkpoint_reproduces_the_uninterrupted_run_exactly(wor
             flag.requested = step == 2
 
     part = StopAt3()
-    ending = train(first, single(), part, workdir / "b.pt", preemption=flag)
+    ending = train(first, single(), part, workdir / "b", preemption=flag)
     assert (ending.status, ending.step) == (states.PREEMPTED, 3)
-    ending = train(first, single(), part, workdir / "b.pt", preemption=Preemption())
+    ending = train(first, single(), part, workdir / "b", preemption=Preemption())
     assert ending.status == states.FINISHED
     for key in ("train_loss", "eval_loss"):
         assert part.metrics[key] == full.metrics[key]  # bit-identical at every step
+
+
+def test_a_cut_last_checkpoint_falls_back_to_the_previous_one_with_one_line(workdir, capsys):
+    full = MemoryRecorder()
+    train(cfg(8, "eval_every=2", "checkpoint_every=2"), single(), full, workdir / "ck")
+    last = workdir / "ck" / "last.pt"
+    last.write_bytes(last.read_bytes()[:2000])  # a copy cut short
+    again = MemoryRecorder()
+    ending = train(cfg(8, "eval_every=2", "checkpoint_every=2"), single(), again, workdir / "ck")
+    err = capsys.readouterr().err
+    assert "checkpoint last.pt" in err and "continuing from prev.pt (step 6)" in err
+    assert ending.status == states.FINISHED and sorted(again.metrics["train_loss"]) == [7, 8]
+    assert again.metrics["train_loss"] == {s: full.metrics["train_loss"][s] for s in (7, 8)}
+
+
+def test_no_readable_checkpoint_is_one_clear_error(workdir):
+    from attnres.errors import AttnresError
+
+    (workdir / "ck").mkdir()
+    (workdir / "ck" / "last.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(AttnresError, match=r"no readable checkpoint.*--restart"):
+        train(cfg(4), single(), MemoryRecorder(), workdir / "ck")

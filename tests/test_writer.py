@@ -8,6 +8,7 @@ import sqlite3
 import pytest
 from conftest import wait_for
 
+from attnres.errors import AttnresError
 from attnres.tracking import spool, states, store
 from attnres.tracking.db import get_engine
 from attnres.tracking.writer import MetricWriter
@@ -28,7 +29,7 @@ def values(engine, run_id: int, key: str) -> dict[int, float]:
     return dict(zip(frame["step"], frame["value"], strict=True))
 
 
-def test_writer_records_metrics_and_states_then_empties_its_spool_but_the_snapshot(engine, tmp_path):
+def test_the_spool_holds_the_whole_run_until_the_writer_closes_with_everything_confirmed(engine, tmp_path):
     run = queued(engine)
     writer = MetricWriter(engine, run, tmp_path / "run.spool.jsonl", interval=0.05)
     writer.keep_snapshot(store.run_fields(engine, run))
@@ -36,13 +37,14 @@ def test_writer_records_metrics_and_states_then_empties_its_spool_but_the_snapsh
     for step in range(1, 51):
         writer.add(step, train_loss=1.0 / step, lr=0.1)
     writer.update_run(step=50)
+    assert writer.flush()  # in the database, and still on disk while the run is active
+    assert len((tmp_path / "run.spool.jsonl").read_text().splitlines()) == 1 + 1 + 50 * 2 + 1
     writer.transition(states.FINISHED, exit_code=0)
     assert writer.close()
     assert values(engine, run, "train_loss") == {s: 1.0 / s for s in range(1, 51)}
     r = store.get_run(engine, run)
     assert (r.status, r.step, r.pid, r.exit_code) == (states.FINISHED, 50, 123, 0)
-    lines = [json.loads(x) for x in (tmp_path / "run.spool.jsonl").read_text().splitlines()]
-    assert [list(x) for x in lines] == [["run", "snapshot"]] and lines[0]["snapshot"]["status"] == states.FINISHED
+    assert (tmp_path / "run.spool.jsonl").stat().st_size == 0
 
 
 def test_a_locked_database_is_retried_and_loses_nothing(engine, tmp_path, monkeypatch):
@@ -97,7 +99,7 @@ def test_ingest_replays_changes_in_order_and_twice_is_once(engine, tmp_path):
                        {"run": run, "fields": {"step": 4}},
                        {"run": run, "fields": {"status": states.FINISHED, "exit_code": 0}}])
     got = spool.ingest(engine, path, truncate=False)
-    assert got == {"rows": 5, "runs": 0, "skipped": 0}
+    assert got == {"rows": 5, "runs": 0, "skipped": 0, "refused": 0}
     again = spool.ingest(engine, path)
     assert again["rows"] == 5 and path.stat().st_size == 0
     assert values(engine, run, "eval_loss") == {s: 10.0 - s for s in range(5)}
@@ -130,3 +132,71 @@ def test_a_lost_database_is_rebuilt_from_the_snapshot_and_what_followed(tmp_path
     assert (r.id, r.variant, r.status, r.step) == (run, "standard", states.FINISHED, 1)
     assert r.config_hash == snap["config_hash"]
     assert values(fresh, run, "train_loss") == {1: 2.5}
+
+
+def test_a_spool_is_never_emptied_into_a_deleted_database_file(tmp_path):
+    db = tmp_path / "runs.db"
+    engine = get_engine(str(db))
+    run = queued(engine)
+    path = tmp_path / "s.jsonl"
+    with engine.connect():  # a pooled connection keeps the file open, as a long-lived queue process does
+        for suffix in ("", "-wal", "-shm"):
+            (tmp_path / f"runs.db{suffix}").unlink(missing_ok=True)
+        write_spool(path, [{"run": run, "snapshot": {"config_hash": "x"}}, {"r": run, "s": 1, "k": "a", "v": 1.0}])
+        before = path.read_bytes()
+        with pytest.raises(AttnresError, match=r"gone.*kept"):
+            spool.ingest(engine, path)
+    assert path.read_bytes() == before and not db.exists()
+    get_engine.cache_clear()
+
+
+def test_garbled_lines_are_kept_aside_when_the_spool_is_emptied(engine, tmp_path):
+    run = queued(engine)
+    path = tmp_path / "s.jsonl"
+    junk = [b"\xff\xfe not utf-8\n", b'{"r": 1, "s": 2, "k"\n']
+    write_spool(path, [{"r": run, "s": 1, "k": "a", "v": 1.0}, *junk])
+    assert spool.ingest(engine, path)["skipped"] == 2
+    assert path.stat().st_size == 0 and spool.rejects_of(path).read_bytes() == b"".join(junk)
+
+
+def test_a_spool_of_another_databases_run_is_refused(engine, tmp_path):
+    run = queued(engine)
+    path = tmp_path / "s.jsonl"
+    write_spool(path, [{"run": run, "snapshot": {"config_hash": "0123456789ab"}},
+                       {"r": run, "s": 1, "k": "a", "v": 1.0}])
+    with pytest.raises(AttnresError, match="another run"):
+        spool.ingest(engine, path)
+    assert values(engine, run, "a") == {} and path.stat().st_size > 0
+
+
+def test_ingest_counts_what_it_refuses_and_skips_statuses_a_trainer_never_sets(engine, tmp_path):
+    run = queued(engine)
+    states.transition(engine, run, states.KILLED, states.USER)
+    path = tmp_path / "s.jsonl"
+    write_spool(path, [{"run": run, "fields": {"status": states.QUEUED}},  # not the trainer's to set
+                       {"run": run, "fields": {"status": states.FINISHED, "step": 9}}])
+    got = spool.ingest(engine, path)
+    assert (got["refused"], got["skipped"]) == (1, 1)
+    r = store.get_run(engine, run)
+    assert (r.status, r.step) == (states.KILLED, 0)  # the refused end's columns did not come either
+
+
+def test_a_resume_point_in_the_spool_drops_the_stale_values_before_the_new_ones(engine, tmp_path):
+    run = queued(engine)
+    store.log_metrics(engine, run, [(s, "a", 1.0) for s in range(1, 11)])  # the first attempt, to step 10
+    path = tmp_path / "s.jsonl"
+    write_spool(path, [*({"r": run, "s": s, "k": "a", "v": 1.0} for s in range(8, 11)),  # its unflushed tail
+                       {"run": run, "drop_after": 6},  # the second attempt resumed from step 6 ...
+                       *({"r": run, "s": s, "k": "a", "v": 2.0} for s in range(7, 9))])  # ... and got to 8
+    spool.ingest(engine, path)
+    assert values(engine, run, "a") == {**dict.fromkeys(range(1, 7), 1.0), 7: 2.0, 8: 2.0}
+
+
+def test_a_spool_from_before_snapshot_lines_still_rebuilds_its_run(tmp_path):
+    first = get_engine(str(tmp_path / "a.db"))
+    run = queued(first)
+    path = tmp_path / "s.jsonl"
+    write_spool(path, [{"run": run, "fields": spool._jsonable(store.run_fields(first, run))},  # the old format
+                       {"r": run, "s": 1, "k": "a", "v": 1.0}])
+    fresh = get_engine(str(tmp_path / "b.db"))
+    assert spool.ingest(fresh, path)["runs"] == 1 and values(fresh, run, "a") == {1: 1.0}

@@ -11,15 +11,17 @@ new backend (Kubernetes, Ray, ...) is one module with a :class:`Backend` subclas
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
-from attnres.errors import unknown
-from attnres.tracking import states, store
+from attnres.errors import AttnresError, unknown
+from attnres.tracking import spool, states, store
 from attnres.tracking.schema import Run
 
 #: name -> "module:Class" (imported when first used, so a backend's dependencies stay optional)
@@ -51,6 +53,29 @@ class Submitted:
 
 
 ALIVE, GONE, UNKNOWN = "alive", "gone", "unknown"
+HEARTBEAT_SILENCE_S = 30.0  # a run that beats every 5 s and was not heard from for this long is gone
+
+
+def silence(run: Run) -> str | None:
+    """Why a running run looks dead from its heartbeat alone (``$ATTNRES_STALE_AFTER_S``), or None.
+
+    Only for runs whose process cannot be looked at: a run on another host, or a cluster job.
+    """
+    limit = float(os.environ.get("ATTNRES_STALE_AFTER_S", HEARTBEAT_SILENCE_S))
+    if run.heartbeat_at is None or (store.now() - run.heartbeat_at).total_seconds() <= limit:
+        return None
+    return f"no heartbeat from {run.host} for more than {limit:g} s\n{log_tail(run.log_path)}"
+
+
+class QueueStopped(Exception):
+    """A waiting submission was interrupted (Ctrl-C): each run's state now, and how to go on."""
+
+    def __init__(self, results: dict[int, str]) -> None:
+        self.results = results
+        ids = " ".join(str(r) for r, s in results.items() if s in states.RESUMABLE)
+        super().__init__("stopped: " + ", ".join(f"run {r} {s}" for r, s in results.items())
+                         + (f"; continue with `attnres resume {ids}` or by launching the same grid again" if ids
+                            else ""))
 
 
 class Backend:
@@ -75,13 +100,25 @@ class Backend:
         raise NotImplementedError
 
     def reconcile(self, engine: Engine, runs: Sequence[Run]) -> list[int]:
-        """Mark this backend's active runs whose process or job is gone as failed (monitor)."""
+        """Mark this backend's active runs whose process or job is gone as failed (monitor).
+
+        Its spool is read first: an end the trainer recorded there (the database was away) wins over
+        this guess. A database locked by another writer is not waited for: the verdict comes next time.
+        """
         dead = []
+        verdicts = self.poll(runs)  # one look at the processes (or one squeue) for all
         for run in runs:
-            verdict, why = self.poll([run]).get(run.id, (UNKNOWN, ""))
-            if verdict == GONE and states.transition(engine, run.id, states.FAILED, states.MONITOR,
-                                                     ended_at=store.now(), message=why):
-                dead.append(run.id)
+            verdict, why = verdicts.get(run.id, (UNKNOWN, ""))
+            if verdict != GONE:
+                continue
+            try:
+                path = store.spool_path(run)
+                if path.exists() and path.stat().st_size:
+                    spool.ingest(engine, path)
+                if states.transition(engine, run.id, states.FAILED, states.MONITOR, ended_at=store.now(), message=why):
+                    dead.append(run.id)
+            except (SQLAlchemyError, AttnresError, OSError):
+                continue
         return dead
 
 
@@ -114,7 +151,8 @@ def kill(engine: Engine, run_ids: Sequence[int]) -> list[int]:
         run = store.get_run(engine, rid)
         if states.transition(engine, rid, states.KILLED, states.USER, ended_at=store.now(),
                              message="killed by attnres kill"):
-            get(run.backend or "local").kill(run)
+            if run.status in states.ACTIVE:  # a preempted run has no process left to stop
+                get(run.backend or "local").kill(run)
             killed.append(rid)
     return killed
 

@@ -13,7 +13,9 @@ is what ``attnres launch --detach`` starts in the background: it outlives the te
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
@@ -28,101 +31,210 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from attnres import paths
-from attnres.backends import ALIVE, GONE, UNKNOWN, Backend, Placement, Submitted, log_tail, trainer_command
+from attnres.backends import (
+    ALIVE,
+    GONE,
+    UNKNOWN,
+    Backend,
+    Placement,
+    QueueStopped,
+    Submitted,
+    log_tail,
+    silence,
+    trainer_command,
+)
 from attnres.errors import AttnresError
+from attnres.logline import say
 from attnres.tracking import spool, states, store
-from attnres.tracking.db import get_engine, normalize_url
+from attnres.tracking.db import check_location, get_engine, normalize_url
 from attnres.tracking.schema import Run
 
-STALE_AFTER_S = 30  # a run on another host whose heartbeat is older than this is dead (beats every 5 s)
 
-
-def visible_gpus() -> list[int]:
-    """GPU indices this machine offers (honouring an existing CUDA_VISIBLE_DEVICES)."""
+def visible_gpus() -> list[str]:
+    """This machine's GPUs as the ids CUDA_VISIBLE_DEVICES takes (honouring one already set)."""
     try:
         import torch
 
         n = torch.cuda.device_count()
     except Exception:  # noqa: BLE001 - no usable CUDA means CPU scheduling
         n = 0
-    return list(range(n))
+    given = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    return given[:n] if given else [str(i) for i in range(n)]
+
+
+class Slots:
+    """Machine-wide places to run: one per GPU, or one CPU slot, each a lock file in ``paths.slots_dir()``.
+
+    Every queue process on this machine takes a run's slots with an exclusive ``flock`` before it
+    starts the run and gives them back when the run's process has ended, so two queues (a
+    foreground launch and a ``resume --detach``) never train two runs at once on one CPU or GPU.
+    The kernel releases the locks of a queue that dies.
+    """
+
+    def __init__(self, gpus: list[str]) -> None:
+        self.names = [f"gpu-{g}" for g in gpus] or ["cpu"]
+        self.folder = paths.slots_dir()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.held: dict[str, int] = {}
+
+    def take(self, n: int) -> list[str] | None:
+        """``n`` free slots, now, or None (nothing taken)."""
+        got: list[str] = []
+        for name in self.names:
+            if len(got) == n:
+                break
+            if name in self.held:
+                continue
+            fd = os.open(self.folder / name, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # held by another queue
+                os.close(fd)
+                continue
+            self.held[name] = fd
+            got.append(name)
+        if len(got) < n:
+            self.give(got)
+            return None
+        return got
+
+    def give(self, names: list[str]) -> None:
+        for name in names:
+            fd = self.held.pop(name, None)
+            if fd is not None:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
 
 
 @dataclass
-class Slot:
+class Job:
+    """A run's torchrun process, its log and the machine slots it holds."""
+
     proc: subprocess.Popen
     log: Path
-    gpus: list[int] = field(default_factory=list)
+    slots: list[str] = field(default_factory=list)
 
 
-def start(engine: Engine, db_url: str, run_id: int, nproc: int, gpus: list[int]) -> Slot:
+def start(engine: Engine, db_url: str, run_id: int, nproc: int, slots: list[str]) -> Job:
     """Start one run's torchrun in its own session, output appended to the run's log."""
     run = store.get_run(engine, run_id)
     log = Path(run.log_path) if run.log_path else paths.run_log(run_id)
     log.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
+    gpus = [s.removeprefix("gpu-") for s in slots if s.startswith("gpu-")]
     if gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     else:
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     with log.open("ab") as fh:
         proc = subprocess.Popen(trainer_command(run_id, db_url, nproc), stdout=fh, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
     store.update_run(engine, run_id, agent_pid=proc.pid)
-    return Slot(proc, log, gpus)
+    return Job(proc, log, slots)
 
 
 def settle(engine: Engine, run_id: int, returncode: int, log: Path, pid: int | None = None) -> str:
     """Record the end of a run whose process ``pid`` exited; returns its final status.
 
-    A run re-queued meanwhile (a relaunch or resume) belongs to its new process: left alone.
+    A run re-queued meanwhile (a relaunch or resume) belongs to its new process: left alone. A
+    database that is gone or unusable is not written (the run's spool keeps its last word for
+    ``attnres sync``): the queue goes on.
     """
-    run = store.get_run(engine, run_id)
-    if pid is not None and run.agent_pid != pid:
+    try:
+        check_location(engine)
+        run = store.get_run(engine, run_id)
+        if pid is not None and run.agent_pid != pid:
+            return run.status
+        path = store.spool_path(run)
+        if path.exists() and path.stat().st_size:
+            try:
+                spool.ingest(engine, path)  # the run's own last word, if it could not reach the database
+            except AttnresError as exc:
+                say(f"attnres: run {run_id}: {exc}", err=True)
+        how = (f"killed by signal {-returncode} ({signal.Signals(-returncode).name})" if returncode < 0
+               and -returncode in signal.Signals._value2member_map_ else f"exited with code {returncode}")
+        ours = {"agent_pid": pid} if pid is not None else None  # still this process's run (no relaunch since)
+        if states.transition(engine, run_id, states.FAILED, states.SUPERVISOR, where=ours, ended_at=store.now(),
+                             exit_code=returncode, message=f"process {how} without recording an end\n{log_tail(log)}"):
+            return states.FAILED
+        run = store.get_run(engine, run_id)
+        if run.exit_code is None or (returncode != 0 and run.exit_code == 0):
+            store.update_run(engine, run_id, where=ours, exit_code=returncode)
         return run.status
-    path = store.spool_path(run)
-    if path.exists() and path.stat().st_size:
-        try:
-            spool.ingest(engine, path)  # the run's own last word, if it could not reach the database
-        except (AttnresError, SQLAlchemyError, OSError):
-            pass
-    if states.transition(engine, run_id, states.FAILED, states.SUPERVISOR, ended_at=store.now(), exit_code=returncode,
-                         message=f"process exited with code {returncode}\n{log_tail(log)}"):
-        return states.FAILED
-    run = store.get_run(engine, run_id)
-    if run.exit_code is None or (returncode != 0 and run.exit_code == 0):
-        store.update_run(engine, run_id, exit_code=returncode)
-    return run.status
+    except (SQLAlchemyError, OSError, AttnresError) as exc:
+        say(f"attnres: cannot record how run {run_id} ended ({str(exc).splitlines()[0][:200]}); its spool keeps "
+            "what it wrote: `attnres sync` records it", err=True)
+        return "unknown"
 
 
 def run_queue(engine: Engine, db: str | None, run_ids: Sequence[int], nproc: int = 1, gpus_per_run: int = 1,
               on_tick: Callable[[], None] | None = None, poll: float = 0.5) -> dict[int, str]:
-    """Run the given queued runs to completion; returns {run_id: final status}."""
+    """Run the given queued runs to completion, each when its slots are free; returns {run_id: end state}.
+
+    Interrupted (Ctrl-C, or SIGTERM to a detached queue), it stops its runs with a checkpoint
+    (preempted), marks those not started preempted too, and raises :class:`QueueStopped`.
+    """
     url = normalize_url(db)
-    free = visible_gpus()
-    per_run = gpus_per_run if free else 0
-    if free and per_run > len(free):
-        raise AttnresError(f"--gpus-per-run {per_run} but this machine has {len(free)} GPU(s)")
+    gpus = visible_gpus()
+    per_run = gpus_per_run if gpus else 1
+    if gpus and per_run > len(gpus):
+        raise AttnresError(f"--gpus-per-run {per_run} but this machine has {len(gpus)} GPU(s)")
+    slots = Slots(gpus)
     pending, active, results = deque(run_ids), {}, {}
-    while pending or active:
-        while pending and ((per_run and len(free) >= per_run) or (not per_run and not active)):
-            rid = pending.popleft()
-            status = store.status_of(engine, rid)
-            if status != states.QUEUED:  # killed while waiting
-                results[rid] = status
-                continue
-            gpus, free = free[:per_run], free[per_run:]
-            active[rid] = start(engine, url, rid, per_run or nproc, gpus)
-        for rid, slot in list(active.items()):
-            if slot.proc.poll() is not None:
-                results[rid] = settle(engine, rid, slot.proc.returncode, slot.log, slot.proc.pid)
-                free = sorted(free + slot.gpus)
-                del active[rid]
-        if on_tick:
-            on_tick()
-        if pending or active:
-            time.sleep(poll)
+    try:
+        while pending or active:
+            while pending:
+                status = store.status_of(engine, pending[0])
+                if status != states.QUEUED:  # killed (or started elsewhere) while waiting
+                    results[pending.popleft()] = status
+                    continue
+                taken = slots.take(per_run)
+                if taken is None:  # every slot is busy, here or in another queue on this machine
+                    break
+                rid = pending.popleft()
+                active[rid] = start(engine, url, rid, per_run if gpus else nproc, taken)
+            for rid, job in list(active.items()):
+                if job.proc.poll() is not None:
+                    results[rid] = settle(engine, rid, job.proc.returncode, job.log, job.proc.pid)
+                    slots.give(job.slots)
+                    del active[rid]
+            if on_tick:
+                on_tick()
+            if pending or active:
+                time.sleep(poll)
+    except KeyboardInterrupt:
+        raise _stop(engine, active, pending, slots, results) from None
     return results
+
+
+GRACE_S = 120  # how long a stopped run may take to write its checkpoint before it is killed
+
+
+def _stop(engine: Engine, active: dict[int, Job], pending: deque[int], slots: Slots,
+          results: dict[int, str]) -> QueueStopped:
+    """Stop the queue: running runs checkpoint and end preempted; runs not started become preempted."""
+    for job in active.values():
+        try:
+            os.kill(job.proc.pid, signal.SIGTERM)  # torchrun passes it to its workers: checkpoint, then stop
+        except ProcessLookupError:
+            pass
+    end = time.monotonic() + GRACE_S
+    try:
+        while any(job.proc.poll() is None for job in active.values()) and time.monotonic() < end:
+            time.sleep(0.2)
+    except KeyboardInterrupt:  # asked twice: do not wait for checkpoints
+        pass
+    for rid, job in active.items():
+        if job.proc.poll() is None:
+            kill_tree(job.proc.pid, store.get_run(engine, rid).pid)
+            job.proc.wait()
+        results[rid] = settle(engine, rid, job.proc.returncode, job.log, job.proc.pid)
+        slots.give(job.slots)
+    for rid in pending:
+        states.transition(engine, rid, states.PREEMPTED, states.SUPERVISOR,
+                          message="not started: its queue was stopped; `attnres resume` or a relaunch starts it")
+        results[rid] = store.status_of(engine, rid)
+    return QueueStopped(results)
 
 
 def start_detached(db: str | None, run_ids: Sequence[int], nproc: int, gpus_per_run: int) -> int:
@@ -141,7 +253,7 @@ def kill_tree(agent_pid: int | None, trainer_pid: int | None) -> None:
     """SIGKILL torchrun and every process below it (workers run in sessions of their own)."""
     procs: list[psutil.Process] = []
     for pid in (agent_pid, trainer_pid):
-        if not pid:
+        if not pid or pid == os.getpid():  # (a run trained in this very process, in process: not ours to kill)
             continue
         try:
             p = psutil.Process(pid)
@@ -156,9 +268,13 @@ def kill_tree(agent_pid: int | None, trainer_pid: int | None) -> None:
     psutil.wait_procs(procs, timeout=10)
 
 
-def process_alive(pid: int) -> bool:
+def process_alive(pid: int, since: datetime | None = None) -> bool:
+    """Whether ``pid`` is a live process (and, given ``since``, one started no later: not a reused pid)."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return since is None or proc.create_time() <= since.replace(tzinfo=UTC).timestamp() + 5
     except psutil.Error:
         return False
 
@@ -184,21 +300,21 @@ class LocalBackend(Backend):
         return Submitted(results=results)
 
     def poll(self, runs: Sequence[Run]) -> dict[int, tuple[str, str]]:
-        """A run on this host is alive while its trainer (or torchrun) process is; on another host
-        while its heartbeat is fresh. Heartbeat age alone never condemns a run on this host."""
+        """A run on this host is alive while its trainer (or torchrun) process is (the process that
+        started before the run did, not a later one that reused its pid); on another host while its
+        heartbeat is fresh. Heartbeat age alone never condemns a run on this host: a database locked
+        for a while stops heartbeats, not training."""
         host, out = socket.gethostname(), {}
         for run in runs:
             if run.status != states.RUNNING:
                 out[run.id] = (UNKNOWN, "")
             elif run.host == host and (run.pid or run.agent_pid):
-                alive = any(process_alive(p) for p in (run.pid, run.agent_pid) if p)
+                alive = any(process_alive(p, since=run.started_at) for p in (run.pid, run.agent_pid) if p)
                 out[run.id] = (ALIVE, "") if alive else (
                     GONE, f"process {run.pid} on {run.host} is gone without recording an end\n{log_tail(run.log_path)}")
-            elif run.heartbeat_at is not None and (store.now() - run.heartbeat_at).total_seconds() > STALE_AFTER_S:
-                out[run.id] = (GONE, f"no heartbeat from {run.host} for more than {STALE_AFTER_S} s\n"
-                                     f"{log_tail(run.log_path)}")
             else:
-                out[run.id] = (ALIVE, "")
+                why = silence(run)
+                out[run.id] = (GONE, why) if why else (ALIVE, "")
         return out
 
     def kill(self, run: Run) -> None:
@@ -213,9 +329,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus-per-run", type=int, default=1)
     args = p.parse_args(argv)
     engine = get_engine(args.db)
-    results = run_queue(engine, args.db, args.runs, args.nproc, args.gpus_per_run)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a detached queue stops as on Ctrl-C
+    try:
+        results = run_queue(engine, args.db, args.runs, args.nproc, args.gpus_per_run)
+    except QueueStopped as stop:
+        say(str(stop))
+        return 130
     for rid, status in results.items():
-        print(f"run {rid}: {status}", flush=True)
+        say(f"run {rid}: {status}")
     return 0
 
 

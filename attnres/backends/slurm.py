@@ -16,10 +16,11 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from attnres import paths
-from attnres.backends import ALIVE, GONE, UNKNOWN, Backend, Placement, Submitted, trainer_command
+from attnres.backends import ALIVE, GONE, UNKNOWN, Backend, Placement, Submitted, silence, trainer_command
 from attnres.errors import AttnresError
 from attnres.tracking import store
 from attnres.tracking.schema import Run
+from attnres.tracking.states import RUNNING
 
 _TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -112,8 +113,12 @@ class SlurmBackend(Backend):
             return {r.id: (UNKNOWN, "") for r in runs}
         out = {r.id: (UNKNOWN, "") for r in runs}
         for r in jobs:
-            out[r.id] = (ALIVE, known[r.job_id]) if r.job_id in known else (
-                GONE, f"SLURM job {r.job_id} ended without recording an end")
+            if r.job_id not in known:
+                out[r.id] = (GONE, f"SLURM job {r.job_id} ended without recording an end")
+            elif r.status == RUNNING and (why := silence(r)):  # listed, but its trainer went quiet (hung)
+                out[r.id] = (GONE, f"{why} (SLURM job {r.job_id} is still listed as {known[r.job_id]})")
+            else:
+                out[r.id] = (ALIVE, known[r.job_id])
         return out
 
     def kill(self, run: Run) -> None:

@@ -10,12 +10,16 @@ from pathlib import Path
 from attnres.data.corpus import builtin_documents
 from attnres.data.prepare import Source, prepare
 from attnres.data.tokenizer import get_encoding
+from attnres.errors import AttnresError
 
 
 def bench_data(megabytes: float = 8.0, threads: int | None = None) -> dict[str, float]:
     """Prepare throughput (MB/s of UTF-8 text) next to tiktoken's own encode_ordinary_batch."""
+    import math
     import os
 
+    if not (math.isfinite(megabytes) and 0 < megabytes <= 10_000):
+        raise AttnresError(f"--megabytes {megabytes}: give a size between 0 and 10000")
     threads = threads or max(1, os.cpu_count() or 1)
     base = [d.text for d in builtin_documents()]
     texts, size, i = [], 0, 0

@@ -64,8 +64,8 @@ SOURCE_NAMES = {"builtin": "builtin", "files": "files", "fineweb-edu": "hub"}
 
 
 def source_for(name: str, data_files: list[str] | None = None, config: str = corpus.FINEWEB_CONFIG,
-               max_tokens: int = 0, eval_fraction: float = 0.1) -> tuple[Source, Path]:
-    """The :class:`Source` a user named and where its dataset goes by default (``data/<name>``).
+               max_tokens: int = 0, eval_fraction: float = 0.1, out: Path | None = None) -> tuple[Source, Path]:
+    """The :class:`Source` a user named and the folder its dataset goes to (``out``, else ``data/<name>``).
 
     Files given without a source mean ``files``. Bad combinations are one clear line.
     """
@@ -81,7 +81,14 @@ def source_for(name: str, data_files: list[str] | None = None, config: str = cor
         raise AttnresError("--max-tokens must be 0 (no cap) or more")
     src = Source(kind=SOURCE_NAMES[name], files=list(data_files or []), config=config, max_tokens=max_tokens,
                  eval_fraction=eval_fraction)
-    return src, paths.dataset(name)
+    target = Path(out) if out is not None else paths.dataset(name)
+    _check_target(target)
+    return src, target
+
+
+def _check_target(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise AttnresError(f"--out '{out}' is a file: a dataset is a folder (give a new or empty folder)")
 
 
 @dataclass
@@ -139,7 +146,11 @@ def prepare(source: Source, out: Path, shard_tokens: int = 50_000_000, batch_doc
     ``on_progress(documents, tokens)`` is called after every batch (the CLI draws a bar).
     """
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    _check_target(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AttnresError(f"cannot create dataset folder '{out}': {exc.strerror}") from None
     mpath = out / MANIFEST
     manifest = json.loads(mpath.read_text()) if mpath.exists() else None
     identity = source.identity()

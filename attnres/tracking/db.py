@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -38,49 +39,96 @@ def normalize_url(db: str | None) -> str:
     return url.render_as_string(hide_password=False)
 
 
+def sqlite_path(db: str | None) -> Path | None:
+    """The file of a SQLite database URL or path (None for other databases)."""
+    url = normalize_url(db)
+    return Path(url.split("///", 1)[1]) if url.startswith("sqlite") and "///" in url else None
+
+
+def exists(db: str | None) -> bool:
+    """Whether there is a database to read: a SQLite file must exist; a server database is assumed to."""
+    path = sqlite_path(db)
+    return path is None or path.exists()
+
+
 def busy_timeout_s() -> float:
     """How long a SQLite writer waits for a lock before 'database is locked' ($ATTNRES_DB_BUSY_TIMEOUT)."""
     return float(os.environ.get("ATTNRES_DB_BUSY_TIMEOUT", "60"))
 
 
-def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 - DB-API connection
+def _sqlite_pragmas(busy_s: float) -> Callable[..., None]:
     # NORMAL is durable at WAL checkpoints and 10x faster than FULL; a long busy timeout turns lock
     # contention into waiting. WAL itself is persistent: set once the schema is known to be ours.
-    cur = dbapi_conn.cursor()
-    cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_s() * 1000)}")
-    cur.execute("PRAGMA synchronous=NORMAL")
-    cur.execute("PRAGMA foreign_keys=ON")
-    cur.close()
+    def on_connect(dbapi_conn, _record) -> None:  # noqa: ANN001 - DB-API connection
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout={int(busy_s * 1000)}")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    return on_connect
 
 
 @cache
-def get_engine(db: str | None = None, create: bool = True) -> Engine:
+def get_engine(db: str | None = None, create: bool = True, busy_s: float | None = None) -> Engine:
     """An engine with the schema in place; a clear error for unusable databases.
 
     ``create=False`` opens read-only use: a missing SQLite file is an error, not a new file.
+    ``busy_s`` is how long a SQLite statement waits for another process's lock (default
+    ``$ATTNRES_DB_BUSY_TIMEOUT``, 60 s); a command that must answer at once gives less.
     """
+    busy_s = busy_timeout_s() if busy_s is None else busy_s
     url = normalize_url(db)
     is_sqlite = url.startswith("sqlite")
     if is_sqlite and not create:
         path = Path(url.split("///", 1)[1])
         if not path.exists():
             raise AttnresError(f"no database at '{path}': launch a run first, or pass --db")
-    kwargs = {"connect_args": {"timeout": busy_timeout_s()}} if is_sqlite else {"pool_pre_ping": True}
+    kwargs = {"connect_args": {"timeout": busy_s}} if is_sqlite else {"pool_pre_ping": True}
     try:
         engine = create_engine(url, **kwargs)
     except (ArgumentError, ImportError) as exc:
         raise AttnresError(f"cannot use database '{db}': {exc}") from None
     if is_sqlite:
-        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "connect", _sqlite_pragmas(busy_s))
     try:
         _check_schema(engine, create)
     except (DatabaseError, OperationalError) as exc:
         msg = str(exc.orig).splitlines()[0] if exc.orig else str(exc)
         raise AttnresError(f"cannot open database '{db or default_url()}': {msg}") from None
+    if is_sqlite:
+        _FILES[id(engine)] = _identity(Path(url.split("///", 1)[1]))
     return engine
 
 
-HEAD = "0002"  # the newest Alembic revision under migrations/versions
+# -- where a SQLite engine really writes ---------------------------------------------------------------
+# A pooled SQLite connection keeps its file open: if the file is deleted or replaced, writes go on
+# into the unlinked file, and are lost. Writers check the file at the configured path first.
+_FILES: dict[int, tuple[int, int] | None] = {}
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def check_location(engine: Engine) -> None:
+    """Raise OSError when a SQLite engine's file is gone; a replaced file drops the pool's connections
+    (so they open the file now at the path) and is taken as the engine's file from here on."""
+    if engine.dialect.name != "sqlite" or id(engine) not in _FILES:
+        return
+    now = _identity(Path(engine.url.database))
+    if now is None:
+        raise OSError(f"database file {engine.url.database} is gone")
+    if now != _FILES[id(engine)]:
+        engine.dispose()
+        _FILES[id(engine)] = now
+
+
+HEAD = "0003"  # the newest Alembic revision under migrations/versions
 
 
 def _alembic(conn: Connection) -> AlembicConfig:
@@ -133,7 +181,7 @@ def upgrade(db: str | None) -> tuple[str | None, str]:
     url = normalize_url(db)
     engine = create_engine(url)
     if url.startswith("sqlite"):
-        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "connect", _sqlite_pragmas(busy_timeout_s()))
     try:
         before = revision(engine)
         with engine.begin() as conn:
@@ -142,6 +190,8 @@ def upgrade(db: str | None) -> tuple[str | None, str]:
                 command.stamp(cfg, "0001")
             command.upgrade(cfg, "head")
         _wal(engine)
+    except RuntimeError as exc:  # a migration's own refusal (it says why)
+        raise AttnresError(f"cannot upgrade database '{db or default_url()}': {exc}") from None
     except (DatabaseError, OperationalError) as exc:
         msg = str(exc.orig).splitlines()[0]
         raise AttnresError(f"cannot upgrade database '{db or default_url()}': {msg}") from None

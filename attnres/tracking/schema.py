@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import DateTime, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import DateTime, Float, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+ACTIVE_SQL = "status IN ('queued', 'running')"  # checked against states.ACTIVE by tests/test_states.py
 
 
 class Base(DeclarativeBase):
@@ -46,6 +48,10 @@ class Run(Base):
     agent_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)  # torchrun's process (group)
     job_id: Mapped[str | None] = mapped_column(String(64), nullable=True)  # SLURM job id
     rule_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # early-stop rule, if any
+
+    # one active (queued or running: attnres.tracking.states.ACTIVE) run per config, whoever launches it
+    __table_args__ = (Index("ux_runs_active_config", "config_hash", unique=True,
+                            sqlite_where=text(ACTIVE_SQL), postgresql_where=text(ACTIVE_SQL)),)
 
 
 class MetricKey(Base):

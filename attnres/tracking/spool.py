@@ -3,7 +3,8 @@
 The trainer's writer appends every value and every change of its run to the spool before the
 database sees it, so whatever the database misses (locked, unreachable, read-only, deleted) is
 still on disk. :func:`ingest` is the only code that reads a spool back into the database; the
-writer (retrying), the queue (when a trainer exits) and ``attnres sync`` all call it.
+writer (retrying, and when it closes), the queue (when a trainer exits), a status check (before it
+calls a vanished run failed) and ``attnres sync`` all call it.
 
 Lines, one JSON object each::
 
@@ -11,6 +12,7 @@ Lines, one JSON object each::
     {"run": RUN, "fields": {...}}                    bookkeeping columns (step, heartbeat, ...)
     {"run": RUN, "fields": {"status": S, ...}}       the trainer moved its run to S (states.TRAINER)
     {"run": RUN, "snapshot": {...}}                  the whole run row: recreates a lost run
+    {"run": RUN, "drop_after": STEP}                 a resumed attempt: values past STEP are stale
 
 Metric rows are unique per (run, key, step), so ingesting a spool twice records each value once;
 state changes go through :func:`attnres.tracking.states.transition`, so replaying an old
@@ -28,6 +30,7 @@ from sqlalchemy import Engine
 
 from attnres.errors import AttnresError
 from attnres.tracking import states, store
+from attnres.tracking.db import check_location
 
 BATCH = 5000
 
@@ -44,6 +47,10 @@ def snapshot_line(run_id: int, row: dict[str, object]) -> str:
     return json.dumps({"run": run_id, "snapshot": _jsonable(row)}) + "\n"
 
 
+def drop_line(run_id: int, step: int) -> str:
+    return json.dumps({"run": run_id, "drop_after": step}) + "\n"
+
+
 def _jsonable(fields: dict[str, object]) -> dict[str, object]:
     return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in fields.items()}
 
@@ -55,41 +62,66 @@ class _RunLog:
     updates: list[dict[str, object]] = field(default_factory=list)
     snapshot: dict[str, object] | None = None
     metrics: list[tuple[int, str, float]] = field(default_factory=list)
+    drop_after: int | None = None  # the earliest resume point: the database's values past it are stale
 
 
-def read(spool: Path) -> tuple[dict[int, _RunLog], int]:
-    """Parse a spool: per-run logs, and how many lines were unreadable (skipped)."""
+def rejects_of(spool: Path) -> Path:
+    """Where unreadable lines of a spool are kept aside (never dropped)."""
+    return Path(spool).with_name(Path(spool).name + ".rejects")
+
+
+def read(spool: Path) -> tuple[dict[int, _RunLog], list[bytes]]:
+    """Parse a spool: per-run logs, and the lines that could not be read (skipped, kept for rejects)."""
     runs: dict[int, _RunLog] = {}
-    bad = 0
+    bad: list[bytes] = []
     with Path(spool).open("rb") as fh:
         for raw in fh:
             try:
-                obj = json.loads(raw.decode("utf-8"))
-                if "r" in obj:
-                    runs.setdefault(int(obj["r"]), _RunLog()).metrics.append(
-                        (int(obj["s"]), str(obj["k"]), float(obj["v"])))
-                elif "snapshot" in obj:
-                    log = runs.setdefault(int(obj["run"]), _RunLog())
-                    log.snapshot = {**(log.snapshot or {}), **dict(obj["snapshot"])}
-                else:
-                    runs.setdefault(int(obj["run"]), _RunLog()).updates.append(dict(obj["fields"]))
-            except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
-                bad += 1  # a line cut short by a crash, or garbled: its value was never acknowledged
+                _take(runs, json.loads(raw.decode("utf-8")))
+            except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError, OverflowError):
+                bad.append(raw)  # cut short by a crash, or garbled: its value was never acknowledged
     return runs, bad
+
+
+def _take(runs: dict[int, _RunLog], obj: dict) -> None:
+    if "r" in obj:
+        runs.setdefault(int(obj["r"]), _RunLog()).metrics.append((int(obj["s"]), str(obj["k"]), float(obj["v"])))
+        return
+    log = runs.setdefault(int(obj["run"]), _RunLog())
+    if "drop_after" in obj:  # what this spool holds past the step belongs to the attempt before
+        step = int(obj["drop_after"])
+        log.metrics = [m for m in log.metrics if m[0] <= step]
+        log.drop_after = step if log.drop_after is None else min(log.drop_after, step)
+        return
+    row = dict(obj["snapshot"] if "snapshot" in obj else obj["fields"])
+    if "snapshot" in obj or "config_json" in row:  # (spools before 2026-12 kept the row as a fields line)
+        log.snapshot = {**(log.snapshot or {}), **row}
+        return
+    if "status" in row and row["status"] not in states.TRANSITIONS[states.TRAINER]:
+        raise ValueError(f"a trainer never sets status {row['status']!r}")
+    log.updates.append(row)
 
 
 def ingest(engine: Engine, spool: Path, truncate: bool = True) -> dict[str, int]:
     """Write a spool's metrics and run changes into the database (idempotent); empty it after.
 
-    Returns counts: ``rows`` (metric values given), ``runs`` (runs recreated from a snapshot),
-    ``skipped`` (unreadable lines).
+    The spool is emptied only once the database at the configured location is confirmed to hold
+    what it wrote (else AttnresError, and the spool is kept); unreadable lines are skipped and, when
+    the spool is emptied, kept aside in ``<spool>.rejects``. Returns counts: ``rows`` (metric values
+    given), ``runs`` (runs recreated from a snapshot), ``skipped`` (unreadable lines), ``refused``
+    (state changes refused because the run had ended otherwise meanwhile).
     """
     spool = Path(spool)
     if not spool.exists():
-        return {"rows": 0, "runs": 0, "skipped": 0}
+        return {"rows": 0, "runs": 0, "skipped": 0, "refused": 0}
+    try:
+        check_location(engine)
+    except OSError as exc:
+        raise AttnresError(f"{exc}: {spool} is kept; `attnres sync --db ...` writes it into another database") from None
     runs, bad = read(spool)
-    created = 0
+    created = refused = 0
     for run_id, log in runs.items():
+        _same_run(engine, run_id, log, spool)
         if store.status_of(engine, run_id) is None:
             if log.snapshot is None:
                 if log.metrics or log.updates:
@@ -99,14 +131,35 @@ def ingest(engine: Engine, spool: Path, truncate: bool = True) -> dict[str, int]
             _restore(engine, run_id, log)
             created += 1
         else:
-            _replay(engine, run_id, log.updates)
+            refused += _replay(engine, run_id, log.updates)
+        if log.drop_after is not None:
+            store.drop_metrics_after(engine, run_id, log.drop_after)
     rows = 0
     for run_id, log in runs.items():
         for start in range(0, len(log.metrics), BATCH):
             rows += store.log_metrics(engine, run_id, log.metrics[start:start + BATCH])
     if truncate:
+        last = {r: (log.metrics[-1][1], log.metrics[-1][0]) if log.metrics else (None, None)
+                for r, log in runs.items()}  # (key, step) of each run's last value
+        if not store.confirmed(engine, [(r, key, step) for r, (key, step) in last.items()]):
+            raise AttnresError(f"the database at {engine.url.render_as_string()} does not hold what {spool} wrote "
+                               "(was it deleted or replaced?): the spool is kept; `attnres sync --db ...` writes it")
+        if bad:
+            with rejects_of(spool).open("ab") as fh:
+                fh.writelines(line if line.endswith(b"\n") else line + b"\n" for line in bad)
         os.truncate(spool, 0)
-    return {"rows": rows, "runs": created, "skipped": bad}
+    return {"rows": rows, "runs": created, "skipped": len(bad), "refused": refused}
+
+
+def _same_run(engine: Engine, run_id: int, log: _RunLog, spool: Path) -> None:
+    """A spool's run must be the database's run of that id (not another database's run N)."""
+    want = (log.snapshot or {}).get("config_hash")
+    if want is None:
+        return
+    have = store.config_hash_of(engine, run_id)
+    if have is not None and have != want:
+        raise AttnresError(f"{spool} is of another run {run_id} (config {want}) than this database's run {run_id} "
+                           f"({have}): sync it into the database it came from, with --db")
 
 
 def _restore(engine: Engine, run_id: int, log: _RunLog) -> None:
@@ -119,9 +172,14 @@ def _restore(engine: Engine, run_id: int, log: _RunLog) -> None:
     states.create(engine, states.RESTORER, str(row.pop("status")), id=run_id, **row)
 
 
-def _replay(engine: Engine, run_id: int, updates: list[dict[str, object]]) -> None:
-    """Apply a run's spooled changes in order: columns as they come, states through the machine."""
+def _replay(engine: Engine, run_id: int, updates: list[dict[str, object]]) -> int:
+    """Apply a run's spooled changes in order: columns as they come, states through the machine.
+
+    A state change refused (the run ended otherwise meanwhile) is dropped with the columns that
+    came with it; returns how many were refused.
+    """
     pending: dict[str, object] = {}
+    refused = 0
     for update in updates:
         update = store.parse_times(update)
         if "status" not in update:
@@ -130,5 +188,7 @@ def _replay(engine: Engine, run_id: int, updates: list[dict[str, object]]) -> No
         store.update_run(engine, run_id, **pending)
         pending = {}
         to = str(update.pop("status"))
-        states.transition(engine, run_id, to, states.TRAINER, **update)  # refused if decided elsewhere
+        outcome = states.transition(engine, run_id, to, states.TRAINER, **update)
+        refused += not outcome and outcome.status != to
     store.update_run(engine, run_id, **pending)
+    return refused

@@ -12,7 +12,8 @@ Who may do what (``actor``: the part of attnres that makes the change)::
     trainer     the run's own process    queued/running/preempted -> running, then its end:
                                          finished, diverged, stopped, preempted or failed
     supervisor  the queue that started   queued/running -> failed when the process exited
-                the trainer's process    without recording an end
+                the trainer's process    without recording an end; queued -> preempted when the
+                                         queue is stopped (Ctrl-C) before the run started
     monitor     attnres status           queued/running -> failed when the process is gone, its
                                          heartbeat stopped or its SLURM job vanished
     user        attnres kill             queued/running/preempted -> killed
@@ -24,7 +25,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from sqlalchemy import Engine, insert, select, update
+from sqlalchemy import Engine, insert, select, text, update
+from sqlalchemy.exc import IntegrityError
 
 from attnres.tracking.schema import Run
 
@@ -45,7 +47,7 @@ _OPEN = frozenset({QUEUED, RUNNING, PREEMPTED})  # what a (re)starting trainer m
 TRANSITIONS: dict[str, dict[str, frozenset[str]]] = {
     LAUNCHER: {QUEUED: frozenset(RESUMABLE)},
     TRAINER: {to: _OPEN for to in (RUNNING, FINISHED, DIVERGED, STOPPED, PREEMPTED, FAILED)},
-    SUPERVISOR: {FAILED: frozenset(ACTIVE)},
+    SUPERVISOR: {FAILED: frozenset(ACTIVE), PREEMPTED: frozenset({QUEUED})},
     MONITOR: {FAILED: frozenset(ACTIVE)},
     USER: {KILLED: _OPEN},
 }
@@ -60,6 +62,10 @@ INITIAL: dict[str, frozenset[str]] = {
 
 class TransitionError(ValueError):
     """A transition that no state allows for this actor: a programming error, not a race."""
+
+
+class ActiveTwin(Exception):
+    """The database refused a second active (queued or running) run of the same config."""
 
 
 def sources(actor: str, to: str) -> frozenset[str]:
@@ -85,20 +91,26 @@ class Outcome(NamedTuple):
         return self.applied
 
 
-def transition(engine: Engine, run_id: int, to: str, actor: str, **fields: object) -> Outcome:
+def transition(engine: Engine, run_id: int, to: str, actor: str, *, where: dict[str, object] | None = None,
+               **fields: object) -> Outcome:
     """Move a run to ``to`` if its current state allows it for ``actor``; ``fields`` go with it.
 
-    One ``UPDATE ... WHERE id = ? AND status IN (allowed sources)``: if another writer changed the
-    state first, nothing is written (the fields neither) and the outcome says what the state is.
+    One ``UPDATE ... WHERE id = ? AND status IN (allowed sources) [AND column = value ...]``: if
+    another writer changed the state first (or, with ``where``, the row no longer matches, e.g. a
+    relaunch gave it another process), nothing is written and the outcome says what the state is.
     """
     if "status" in fields:
         raise TransitionError("give the new state as `to`, not as a field")
     allowed_from = sources(actor, to)
-    with engine.begin() as conn:
-        stmt = update(Run).where(Run.id == run_id, Run.status.in_(allowed_from)).values(status=to, **fields)
-        if conn.execute(stmt).rowcount:
-            return Outcome(True, to)
-        return Outcome(False, conn.execute(select(Run.status).where(Run.id == run_id)).scalar())
+    try:
+        with engine.begin() as conn:
+            match = [getattr(Run, col) == value for col, value in (where or {}).items()]
+            stmt = update(Run).where(Run.id == run_id, Run.status.in_(allowed_from), *match).values(status=to, **fields)
+            if conn.execute(stmt).rowcount:
+                return Outcome(True, to)
+            return Outcome(False, conn.execute(select(Run.status).where(Run.id == run_id)).scalar())
+    except IntegrityError as exc:  # reopening a run whose config is already active elsewhere
+        raise ActiveTwin(str(exc.orig)) from None
 
 
 def create(engine: Engine, actor: str, status: str, **columns: object) -> int:
@@ -108,5 +120,12 @@ def create(engine: Engine, actor: str, status: str, **columns: object) -> int:
     """
     if status not in INITIAL.get(actor, frozenset()):
         raise TransitionError(f"{actor} may not create a run {status}")
-    with engine.begin() as conn:
-        return int(conn.execute(insert(Run).values(status=status, **columns)).inserted_primary_key[0])
+    try:
+        with engine.begin() as conn:
+            run_id = int(conn.execute(insert(Run).values(status=status, **columns)).inserted_primary_key[0])
+            if "id" in columns and engine.dialect.name == "postgresql":  # an explicit id: move the sequence past it
+                conn.execute(text("SELECT setval(pg_get_serial_sequence('runs', 'id'), "
+                                  "GREATEST((SELECT MAX(id) FROM runs), 1))"))
+            return run_id
+    except IntegrityError as exc:  # another launcher queued the same config first
+        raise ActiveTwin(str(exc.orig)) from None

@@ -7,7 +7,7 @@ run/key/step), so replaying a batch after a retry records each value exactly onc
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -28,12 +28,13 @@ def now() -> datetime:
 
 
 def create_run(engine: Engine, cfg: RunConfig, world_size: int = 1, git_commit: str | None = None,
-               log_path: str | None = None, actor: str = states.LAUNCHER, status: str = states.QUEUED) -> int:
+               log_path: str | None = None, actor: str = states.LAUNCHER, status: str = states.QUEUED,
+               **columns: object) -> int:
     """Insert a run row for ``cfg`` (a queued run of the launcher's, by default) and return its id."""
     return states.create(engine, actor, status, variant=cfg.variant, seed=cfg.seed,
                          preset=cfg.preset, data=cfg.data, config_json=cfg.to_json(), config_hash=cfg.config_hash,
                          total_steps=cfg.train.steps, step=0, created_at=now(), world_size=world_size,
-                         git_commit=git_commit, log_path=log_path)
+                         git_commit=git_commit, log_path=log_path, **columns)
 
 
 def get_run(engine: Engine, run_id: int) -> Run:
@@ -45,19 +46,27 @@ def get_run(engine: Engine, run_id: int) -> Run:
         return run
 
 
+def config_hash_of(engine: Engine, run_id: int) -> str | None:
+    """A run's config hash (None: no such run)."""
+    with engine.connect() as conn:
+        return conn.execute(select(Run.config_hash).where(Run.id == run_id)).scalar()
+
+
 def status_of(engine: Engine, run_id: int) -> str | None:
     """A run's status now (None: no such run)."""
     with engine.connect() as conn:
         return conn.execute(select(Run.status).where(Run.id == run_id)).scalar()
 
 
-def update_run(engine: Engine, run_id: int, **fields: object) -> None:
-    """Change a run's bookkeeping columns (step, heartbeat, pids, ...); never its status."""
+def update_run(engine: Engine, run_id: int, *, where: dict[str, object] | None = None, **fields: object) -> None:
+    """Change a run's bookkeeping columns (step, heartbeat, pids, ...), never its status; with ``where``
+    only while the row still matches (e.g. still this process's run)."""
     if "status" in fields:
         raise states.TransitionError("a run's status changes through attnres.tracking.states.transition")
     if fields:
+        match = [getattr(Run, col) == value for col, value in (where or {}).items()]
         with engine.begin() as conn:
-            conn.execute(update(Run).where(Run.id == run_id).values(**fields))
+            conn.execute(update(Run).where(Run.id == run_id, *match).values(**fields))
 
 
 def runs_with_config(engine: Engine, config_hash: str) -> list[tuple[int, str]]:
@@ -197,6 +206,45 @@ def run_fields(engine: Engine, run_id: int) -> dict[str, object]:
     """A run row as a plain dict (spooled at start, so a lost database can be rebuilt)."""
     run = get_run(engine, run_id)
     return {c.name: getattr(run, c.name) for c in Run.__table__.columns if c.name != "id"}
+
+
+def confirmed(engine: Engine, checks: Sequence[tuple[int, str | None, int | None]]) -> bool:
+    """Whether the database *at the configured location* holds each run (and its (key, step) metric).
+
+    Read through a new connection: for SQLite a read-only open of the file at the path now, so a
+    pooled connection to a file deleted or replaced since cannot vouch for rows it wrote there.
+    """
+    if not checks:
+        return True
+    if engine.dialect.name == "sqlite":
+        import sqlite3
+
+        path = Path(engine.url.database or "")
+        if not path.exists():
+            return False
+        try:
+            conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+        except sqlite3.Error:
+            return False
+        try:
+            return all(_holds(conn.execute, "?", c) for c in checks)
+        except sqlite3.Error:
+            return False
+        finally:
+            conn.close()
+    with engine.connect() as conn:
+        return all(_holds(lambda sql, args: conn.exec_driver_sql(sql, tuple(args)), "%s", c) for c in checks)
+
+
+def _holds(execute: Callable, mark: str, check: tuple[int, str | None, int | None]) -> bool:
+    run_id, key, step = check
+    if execute(f"SELECT 1 FROM runs WHERE id = {mark}", [run_id]).fetchone() is None:  # noqa: S608 - placeholders
+        return False
+    if key is None:
+        return True
+    row = execute(f"SELECT 1 FROM metrics m JOIN metric_keys k ON k.id = m.key_id "  # noqa: S608 - placeholders
+                  f"WHERE m.run_id = {mark} AND k.name = {mark} AND m.step = {mark}", [run_id, key, step]).fetchone()
+    return row is not None
 
 
 def spool_path(run: Run) -> Path:

@@ -6,13 +6,17 @@ Every value and every change of the run is first appended to the run's *spool* (
 rows in the spool, and the next successful write (or ``attnres sync``) ingests them. The spool is
 emptied only when everything in it is in the database.
 
+The spool holds the whole run while it is active: if the database is deleted mid-run, every
+value is still on disk. It is emptied when the writer closes (the run has ended), and only once
+the database at the configured location is confirmed to hold it all.
+
 The writer speaks for the trainer: its state changes go through :mod:`attnres.tracking.states`
 as the ``trainer`` actor, so a run killed or failed meanwhile keeps that end.
 """
 
 from __future__ import annotations
 
-import sys
+import os
 import threading
 from pathlib import Path
 
@@ -20,13 +24,9 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from attnres.errors import AttnresError
+from attnres.logline import say
 from attnres.tracking import spool, states, store
-
-
-def _sqlite_file(engine: Engine) -> Path | None:
-    if engine.dialect.name != "sqlite" or not engine.url.database or engine.url.database == ":memory:":
-        return None
-    return Path(engine.url.database)
+from attnres.tracking.db import check_location
 
 
 class MetricWriter:
@@ -34,11 +34,12 @@ class MetricWriter:
 
     def __init__(self, engine: Engine, run_id: int, spool_path: Path, interval: float = 2.0) -> None:
         self.engine, self.run_id, self.spool, self.interval = engine, run_id, Path(spool_path), interval
-        self.db_file = _sqlite_file(engine)
         self.lock = threading.Lock()
         self.pending: list[tuple[int, str, float]] = []
         self.fields: dict[str, object] = {}  # bookkeeping columns, latest value wins
         self.moves: list[tuple[str, dict[str, object]]] = []  # state changes, in order
+        self.drops: list[int] = []  # resume points: the database's values past them go first
+        self.last_row: tuple[str | None, int | None] = (None, None)  # (key, step) of the last value written
         self.snapshot: dict[str, object] = {}  # the whole run row, kept at the spool's head
         self.refused: list[tuple[str, str | None]] = []  # (asked, what the run was): an end decided elsewhere
         self.spool_ok = True
@@ -62,8 +63,7 @@ class MetricWriter:
             self._fh.flush()  # into the OS: survives SIGKILL of this process
         except OSError as exc:  # disk full, unwritable folder: keep rows in memory, keep training
             self.spool_ok = False
-            print(f"attnres: cannot write spool {self.spool} ({exc.strerror}); metrics kept in memory",
-                  file=sys.stderr, flush=True)
+            say(f"attnres: cannot write spool {self.spool} ({exc.strerror}); metrics kept in memory", err=True)
 
     def add(self, step: int, **values: float) -> None:
         """Record metric values of one step."""
@@ -89,6 +89,17 @@ class MetricWriter:
             if self.snapshot:
                 self.snapshot.update(status=to, **fields)
 
+    def drop_after(self, step: int) -> None:
+        """A resumed attempt rewrites what follows ``step``: the recorded values past it are stale.
+
+        (Values are written insert-or-ignore, so the stale ones must go before the new ones come;
+        the spool says so too, for a database that is away now.)
+        """
+        with self.lock:
+            self._append(spool.drop_line(self.run_id, step))
+            self.pending = [row for row in self.pending if row[0] <= step]
+            self.drops.append(step)
+
     def keep_snapshot(self, row: dict[str, object]) -> None:
         """Keep the run's whole row in the spool, so a lost database can be rebuilt from it."""
         with self.lock:
@@ -101,9 +112,13 @@ class MetricWriter:
         self.wake.set()
         self.idle.wait(timeout)
         with self.lock:
-            return not self.pending and not self.fields and not self.moves and self.failures == 0
+            return not (self.pending or self.fields or self.moves or self.drops) and self.failures == 0
 
     def close(self, timeout: float = 60.0) -> bool:
+        """Write everything, stop, and empty the spool once the database is confirmed to hold it all.
+
+        True if it does; False leaves the spool for ``attnres sync``.
+        """
         ok = self.flush(timeout)
         self.done.set()
         self.wake.set()
@@ -113,6 +128,15 @@ class MetricWriter:
                 self._fh.close()
             except OSError:  # the disk filled under the last buffered line: it is still in memory
                 pass
+        if ok and self.spool.exists():
+            try:
+                if self.spool_ok:
+                    spool.ingest(self.engine, self.spool)  # confirms at the configured location, then empties
+                elif store.confirmed(self.engine, [(self.run_id, *self.last_row)]):
+                    os.truncate(self.spool, 0)  # a spool the disk cut short: the database has all of it
+            except (SQLAlchemyError, OSError, AttnresError) as exc:
+                say(f"attnres: {str(exc).splitlines()[0][:300]}", err=True)
+                ok = False
         return ok
 
     # -- consumer side (background thread) --------------------------------------------------------
@@ -130,12 +154,16 @@ class MetricWriter:
             rows, self.pending = self.pending, []
             fields, self.fields = self.fields, {}
             moves, self.moves = self.moves, []
+            drops, self.drops = self.drops, []
         try:
-            if self.db_file is not None and not self.db_file.exists():
-                raise OSError(f"database file {self.db_file} is gone")
+            check_location(self.engine)  # never into a deleted database file that a pooled connection holds
             if self.failures and self.spool.exists():
                 spool.ingest(self.engine, self.spool, truncate=False)  # what earlier failures left
+            for step in drops:
+                store.drop_metrics_after(self.engine, self.run_id, step)
             store.log_metrics(self.engine, self.run_id, rows)
+            if rows:
+                self.last_row = (rows[-1][1], rows[-1][0])
             store.update_run(self.engine, self.run_id, **store.parse_times(fields))
             for to, extra in moves:
                 outcome = states.transition(self.engine, self.run_id, to, states.TRAINER, **store.parse_times(extra))
@@ -146,15 +174,11 @@ class MetricWriter:
                 self.pending = rows + self.pending
                 self.fields = {**fields, **self.fields}
                 self.moves = moves + self.moves
+                self.drops = drops + self.drops
             if self.failures == 0:
-                print(f"attnres: database write failed ({str(exc).splitlines()[0][:200]}); "
-                      f"spooling to {self.spool}", file=sys.stderr, flush=True)
+                say(f"attnres: database write failed ({str(exc).splitlines()[0][:200]}); spooling to {self.spool}",
+                    err=True)
             self.failures += 1
             return
         with self.lock:
             self.failures = 0
-            if not self.pending and not self.fields and not self.moves and self.spool_ok and self._fh is not None:
-                self._fh.truncate(0)  # all of it is in the database now ...
-                self._fh.seek(0)
-                if self.snapshot:  # ... but keep what rebuilds the run should the database be lost
-                    self._append(spool.snapshot_line(self.run_id, self.snapshot))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -24,8 +27,28 @@ class Dist:
         return self.rank == 0
 
 
+def die_with_parent() -> None:
+    """Under torchrun, end this worker when its torchrun agent dies, however it dies (Linux).
+
+    Killed by SIGKILL, the agent cannot stop its workers; an orphaned worker would train on and
+    write its end over the run's recorded failure. PR_SET_PDEATHSIG has the kernel send the worker
+    SIGKILL when its parent goes, so the run's processes end together.
+    """
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the agent died before the line above: do not outlive it
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def setup() -> Dist:
     """Join the process group torchrun set up (gloo on CPU, nccl on GPU); single process otherwise."""
+    die_with_parent()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():

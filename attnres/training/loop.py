@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from attnres import checkpoint, paths
 from attnres.config import RunConfig
 from attnres.data.loader import TokenShards, TrainLoader, eval_batches
+from attnres.logline import say
 from attnres.lr_schedule import lr_at
 from attnres.model import GPT
 from attnres.optim import build_optimizer
@@ -132,7 +133,7 @@ def evaluate(model: torch.nn.Module, shards: TokenShards, cfg: RunConfig, d: Dis
 
 def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool = False,
           preemption: Preemption | None = None) -> Ending:
-    """Train one run from its checkpoint ``ckpt`` (unless ``fresh``) to its last step, or an early end."""
+    """Train one run from its checkpoint folder ``ckpt`` (unless ``fresh``) to its last step, or an early end."""
     torch.manual_seed(cfg.seed)
     data = paths.dataset(cfg.data)
     train_shards = TokenShards(data, "train", cfg.model.seq_len)
@@ -153,7 +154,7 @@ def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool =
     def autocast() -> AbstractContextManager:
         return torch.autocast(d.device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
 
-    start = checkpoint.load(ckpt, raw_model, optimizer) if ckpt.exists() and not fresh else 0
+    start = checkpoint.load(ckpt, raw_model, optimizer) if checkpoint.exists(ckpt) and not fresh else 0
     if start:
         recorder.resumed(start)  # the resumed run rewrites what follows its checkpoint
     preemption = preemption or Preemption()
@@ -197,7 +198,7 @@ def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool =
             ev = evaluate(model, eval_shards, cfg, d, autocast)
             recorder.record(done, eval_loss=ev)
             if d.is_rank0:
-                print(f"step {done}/{tcfg.steps} train {train_loss:.4f} eval {ev:.4f}", flush=True)
+                say(f"step {done}/{tcfg.steps} train {train_loss:.4f} eval {ev:.4f}")
             verdict = recorder.verdict(done, ev)
             t_last = time.perf_counter()  # keep eval time out of tokens/s
         preempted, stop = agree([preemption.requested, verdict is not None], d)
@@ -207,7 +208,8 @@ def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool =
         if logged or evaluated or preempted or stop:
             recorder.progress(done)
         if preempted:
-            return Ending(states.PREEMPTED, done, "SIGTERM: checkpoint saved; `attnres resume` continues it")
+            return Ending(states.PREEMPTED, done, "SIGTERM: checkpoint saved; resumable (`attnres resume RUN`, "
+                                                  "or launch the grid again)")
         if stop:
             return Ending(states.STOPPED, done, verdict)
     return Ending(states.FINISHED, tcfg.steps)

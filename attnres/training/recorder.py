@@ -16,6 +16,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from attnres.errors import AttnresError
+from attnres.logline import say
 from attnres.tracking import spool, states, store
 from attnres.tracking.writer import MetricWriter
 from attnres.training.loop import Ending
@@ -50,16 +51,16 @@ class RunRecorder:
         self.writer.keep_snapshot(store.run_fields(engine, run_id))  # should the database be lost
         self.writer.transition(states.RUNNING, started_at=store.now(), heartbeat_at=store.now(), pid=os.getpid(),
                                host=socket.gethostname(), world_size=world_size)
+        if self.writer.flush() and self.writer.refused:  # killed (or ended) before it could start: do not train
+            was = self.writer.refused[0][1]
+            self.writer.close()
+            raise AttnresError(f"run {run_id} is {was}: not starting it")
         self.heartbeat = Heartbeat(self.writer)
         self.heartbeat.start()
 
     # -- the loop's Recorder protocol -------------------------------------------------------------
     def resumed(self, step: int) -> None:
-        self.writer.flush()
-        try:
-            store.drop_metrics_after(self.engine, self.run_id, step)
-        except SQLAlchemyError:
-            pass  # the database is away: the rewritten steps replace those rows when it is back
+        self.writer.drop_after(step)  # before the values this attempt writes again
 
     def record(self, step: int, **values: float) -> None:
         self.writer.add(step, **values)
@@ -101,10 +102,10 @@ class RunRecorder:
         self.writer.transition(status, **fields)
         ok = self.writer.close()
         for asked, was in self.writer.refused:
-            print(f"attnres: run {self.run_id} was already {was}: its end as {asked} is not recorded", flush=True)
+            say(f"attnres: run {self.run_id} was already {was}: its change to {asked} is not recorded")
         if not ok:
-            print(f"attnres: the database is unreachable; run {self.run_id}'s metrics and state are in "
-                  f"{self.writer.spool}: `attnres sync` writes them once it is back", flush=True)
+            say(f"attnres: the database is unreachable; run {self.run_id}'s metrics and state are in "
+                f"{self.writer.spool}: `attnres sync` writes them once it is back")
         return ok
 
 

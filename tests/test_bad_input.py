@@ -1,0 +1,72 @@
+"""Bad input: one line on stderr and exit code 2, checked before anything runs, nothing recorded changed."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from conftest import attnres
+
+from attnres.tracking import states, store
+from attnres.tracking.db import get_engine
+from attnres.variants import resolve_run
+
+CASES = [
+    (["launch", "standard", "--seeds", "abc"], "--seeds"),
+    (["launch", "standard", "--seeds", "1.5"], "--seeds"),
+    (["logs", "abc"], "run"),
+    (["logs", "0"], "run"),
+    (["launch", "standard", "--steps", "0"], "steps"),
+    (["launch", "standard", "--steps", "-10"], "steps"),
+    (["launch", "standard", "--set", "lr=nan"], "lr"),
+    (["launch", "standard", "--set", "lr=inf"], "lr"),
+    (["launch", "standard", "--set", "n_layer=-1"], "n_layer"),
+    (["launch", "standard", "--set", "d_model=30"], "d_model"),
+    (["launch", "standard", "--set", "dtype=fp8"], "dtype"),
+    (["launch", "standard", "--set", "warmup=1e999"], "warmup"),
+    (["launch", "standard", "--kill-if-worse-than", "standard", "--at-step", "5", "--by", "nan"], "--by"),
+    (["launch", "standard", "--at-step", "0"], "--at-step"),
+    (["launch", "standard", "--nodes", "0"], "--nodes"),
+    (["launch", "standard", "--backend-opt", "novalue"], "--backend-opt"),
+    (["status", "--interval", "0"], "--interval"),
+    (["import", "huge-step.csv"], "step"),
+    (["import", "huge-value.csv"], "value"),
+    (["data", "prepare", "--source", "files", "--data-files", "x.txt", "--out", "x.txt"], "is a file"),
+    (["data", "prepare", "--eval-fraction", "1.5"], "--eval-fraction"),
+    (["bench", "data", "--megabytes", "nan"], "--megabytes"),
+    (["resume", "1", "--db", "nothere.db"], "no database"),
+]
+
+
+def sha(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def recorded(workdir):
+    """A database with a finished run in it: bad input must leave it byte for byte as it is."""
+    engine = get_engine(str(workdir / "runs.db"))
+    run = store.create_run(engine, resolve_run("standard", "tiny", 3), actor=states.IMPORTER, status=states.FINISHED)
+    store.log_metrics(engine, run, [(10, "eval_loss", 3.0)])
+    engine.dispose()
+    (workdir / "huge-step.csv").write_text("variant,seed,step,key,value\nstandard,1,99999999999999999999999,a,1\n")
+    (workdir / "huge-value.csv").write_text("variant,seed,step,key,value\nstandard,1,5,a,1e400\n")
+    (workdir / "x.txt").write_text("some text\n")
+    return workdir / "runs.db"
+
+
+@pytest.mark.parametrize("args,names", CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(recorded, args, names):
+    before = sha(recorded)
+    proc = attnres(*args)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and names in lines[0], proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert sha(recorded) == before and not (recorded.parent / "nothere.db").exists()
+
+
+def test_status_in_an_empty_folder_is_an_empty_listing_not_an_error(workdir):
+    proc = attnres("status", "--db", str(workdir / "none.db"))
+    assert proc.returncode == 0 and "no runs yet" in proc.stdout and proc.stderr == ""
+    assert not (workdir / "none.db").exists()

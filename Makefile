@@ -1,5 +1,6 @@
 # The two commands of README.md:
-#   make demo   install, then train standard on the built-in corpus (seeds 42 and 1337), show status and report
+#   make demo   install, then train standard and one AttnRes variant on the built-in corpus (seeds 42 and 1337),
+#               show status and write the report with every section filled
 #   make test   install, then lint and run the test suite
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -25,8 +26,12 @@ $(BIN)/attnres: pyproject.toml
 
 install: $(BIN)/attnres
 
+DEMO_VARIANTS ?= standard block_hybrid_memory
+# 6 layers (blocks of 3): deep enough that the depth-attention maps have long skips to name
+DEMO_SETTINGS ?= --preset tiny --set n_layer=6 --steps 150
+
 demo: install
-	$(BIN)/attnres launch standard --seeds $(SEEDS) --preset tiny
+	$(BIN)/attnres launch $(DEMO_VARIANTS) --seeds $(SEEDS) $(DEMO_SETTINGS)
 	$(BIN)/attnres status
 	$(BIN)/attnres report --out attnres-results.md
 	@echo "report written to attnres-results.md"

@@ -114,11 +114,19 @@ class RunConfig:
     train: TrainConfig
     data: str = "builtin"
     revision: int = 1
+    experiment: str = ""  # "" = the preset's name (what reports group by)
+
+    @property
+    def experiment_name(self) -> str:
+        """The experiment a run belongs to: named at launch, else its preset."""
+        return self.experiment or self.preset
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
         if d["revision"] == 1:  # runs recorded before revisions existed keep their hash
             del d["revision"]
+        if not d["experiment"]:  # the same for runs in their preset's default experiment
+            del d["experiment"]
         return json.dumps(d, sort_keys=True)
 
     @property
@@ -132,6 +140,7 @@ class RunConfig:
         return cls(
             variant=d["variant"], preset=d["preset"], seed=d["seed"], data=d.get("data", "builtin"),
             model=ModelConfig(**model), train=TrainConfig(**d["train"]), revision=d.get("revision", 1),
+            experiment=d.get("experiment", ""),
         )
 
 

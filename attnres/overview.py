@@ -13,9 +13,9 @@ def _fmt(x: float | None, spec: str) -> str:
     return "—" if x is None or x != x else format(x, spec)
 
 
-def status_rows(engine: Engine) -> list[dict[str, object]]:
-    """One row per run with its progress and latest metrics."""
-    runs = store.runs_frame(engine)
+def status_rows(engine: Engine, experiment: str | None = None, preset: str | None = None) -> list[dict[str, object]]:
+    """One row per run (of one experiment or preset, or all) with its progress and latest metrics."""
+    runs = store.runs_frame(engine, experiment=experiment, preset=preset)
     if runs.empty:
         return []
     last = store.latest_metrics(engine, ["train_loss", "eval_loss", "tokens_per_s", "peak_memory_bytes"],
@@ -25,7 +25,8 @@ def status_rows(engine: Engine) -> list[dict[str, object]]:
         m: dict[str, float] = last.loc[r.id].to_dict() if r.id in last.index else {}
         status = r.status + (f" @{int(r.stop_step)}" if pd.notna(r.stop_step) else "")
         rows.append({
-            "run": r.id, "variant": r.variant + (" (old revision)" if superseded(r.variant, r.config_json) else ""),
+            "run": r.id, "experiment": r.experiment,
+            "variant": r.variant + (" (old revision)" if superseded(r.variant, r.config_json) else ""),
             "status": status, "seed": r.seed,
             "step": f"{r.step}/{r.total_steps}",
             "train loss": _fmt(m.get("train_loss"), ".3f"), "eval loss": _fmt(m.get("eval_loss"), ".3f"),
@@ -47,15 +48,17 @@ def _cell(run: pd.Series) -> str:
     return text
 
 
-def grid_rows(engine: Engine) -> tuple[list[str], list[list[str]]]:
-    """Variant rows x seed columns; each cell is the latest run of that pair."""
-    runs = store.runs_frame(engine)
+def grid_rows(engine: Engine, experiment: str | None = None,
+              preset: str | None = None) -> tuple[list[str], list[list[str]]]:
+    """Variant rows x seed columns (per experiment); each cell is the latest run of that pair."""
+    runs = store.runs_frame(engine, experiment=experiment, preset=preset)
     if runs.empty:
         return ["variant"], [["no runs yet"]]
     seeds = sorted(runs["seed"].unique())
-    latest = runs.sort_values("id").groupby(["variant", "seed"]).tail(1).set_index(["variant", "seed"])
+    latest = runs.sort_values("id").groupby(["experiment", "variant", "seed"]).tail(1)
+    latest = latest.set_index(["experiment", "variant", "seed"])
     rows = []
-    for variant in dict.fromkeys(runs["variant"]):
-        rows.append([variant] + [_cell(latest.loc[(variant, s)]) if (variant, s) in latest.index else "—"
-                                 for s in seeds])
-    return ["variant", *[f"seed {s}" for s in seeds]], rows
+    for exp, variant in dict.fromkeys(zip(runs["experiment"], runs["variant"], strict=True)):
+        rows.append([exp, variant] + [_cell(latest.loc[(exp, variant, s)]) if (exp, variant, s) in latest.index
+                                      else "—" for s in seeds])
+    return ["experiment", "variant", *[f"seed {s}" for s in seeds]], rows

@@ -9,6 +9,7 @@ queued or running), or continue an interrupted run of the same config from its c
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 from dataclasses import dataclass, field
 from functools import cache
@@ -24,6 +25,8 @@ from attnres.errors import AttnresError
 from attnres.tracking import states, store
 from attnres.variants import canonical, resolve_run
 
+EXPERIMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
 
 @dataclass(frozen=True)
 class LaunchRequest:
@@ -38,12 +41,13 @@ class LaunchRequest:
     placement: Placement = field(default_factory=Placement)
     rule: dict | None = None  # early-stop rule: {"baseline", "by", "at_step"}
     force: bool = False
+    experiment: str = ""  # "" = the preset's name
 
 
 def request(variants: list[str], seeds: list[int] | None, preset: str = "tiny", steps: int | None = None,
             overrides: list[str] | None = None, data: str = "builtin", backend: str = "local",
             placement: Placement | None = None, kill_if_worse_than: str | None = None, by: float = 0.1,
-            at_step: int | None = None, force: bool = False) -> LaunchRequest:
+            at_step: int | None = None, force: bool = False, experiment: str | None = None) -> LaunchRequest:
     """Check a launch's arguments (AttnresError, one line) and return the request."""
     if not variants:
         raise AttnresError("name at least one variant (see `attnres variants`)")
@@ -62,10 +66,13 @@ def request(variants: list[str], seeds: list[int] | None, preset: str = "tiny", 
         if not (math.isfinite(by) and by >= 0):
             raise AttnresError(f"--by {by}: the margin must be a finite number of at least 0")
         rule = {"baseline": canonical(kill_if_worse_than), "by": by, "at_step": at_step}
+    if experiment is not None and not EXPERIMENT_NAME.fullmatch(experiment):
+        raise AttnresError(f"--experiment '{experiment}': use 1 to 128 letters, digits, '.', '_' or '-', "
+                           "starting with a letter or digit")
     overrides = list(overrides or []) + ([f"steps={steps}"] if steps is not None else [])
-    req = LaunchRequest(names, seeds, preset, overrides, data, backend, placement, rule, force)
+    req = LaunchRequest(names, seeds, preset, overrides, data, backend, placement, rule, force, experiment or "")
     for v in names:  # every cell's config resolves (unknown preset or setting: one line now)
-        resolve_run(v, preset, seeds[0], overrides, data)
+        resolve_run(v, preset, seeds[0], overrides, data, req.experiment)
     return req
 
 
@@ -78,7 +85,8 @@ class PlannedRun:
 
 def plan(engine: Engine | None, req: LaunchRequest) -> list[PlannedRun]:
     """Expand the grid; mark what already finished or runs with the same config (unless forced)."""
-    grid = [PlannedRun(resolve_run(v, req.preset, s, req.overrides, req.data)) for v in req.variants for s in req.seeds]
+    grid = [PlannedRun(resolve_run(v, req.preset, s, req.overrides, req.data, req.experiment))
+            for v in req.variants for s in req.seeds]
     if engine is not None and not req.force:
         for cell in grid:
             prior = store.runs_with_config(engine, cell.cfg.config_hash)

@@ -115,6 +115,7 @@ class DepthAttention(nn.Module):
             self.register_buffer("rope_inv_freq", inv, persistent=False)
         self.record = False
         self.records: list[SiteRecord] = []
+        self.tally: dict[tuple[int, str], list[float]] | None = None  # see :meth:`tally_maps`
 
     # -- queries, gains and biases --------------------------------------------------------------
     def _query_index(self, site: int) -> int:
@@ -225,8 +226,25 @@ class DepthAttention(nn.Module):
         """A block's representation is its outputs' sum times this (1/count for a mean)."""
         return 1.0 / count if self.spec.reduce == "mean" else 1.0
 
+    def tally_maps(self) -> None:
+        """Start summing each site's mean weight per source over the forward passes that follow
+        (evals: see :meth:`depth_map`)."""
+        self.tally = {}
+
+    def depth_map(self) -> dict[tuple[int, str], float]:
+        """The tallied map: (site, source label) -> mean softmax weight over the tokens seen; stops tallying."""
+        tally, self.tally = self.tally or {}, None
+        return {k: total / n for k, (total, n) in tally.items()}
+
     def _record(self, site: int, srcs: list[Source], weights: Tensor, shape: torch.Size) -> None:
-        """Keep the weights (N, S) a site gave its sources, for tests and analysis."""
+        """Keep the weights (N, S) a site gave its sources, for tests and analysis; or tally their means."""
+        if self.tally is not None:
+            means = weights.detach().float().mean(0).tolist()
+            for label, mean in zip(source_labels(srcs), means, strict=True):
+                acc = self.tally.setdefault((site, label), [0.0, 0])
+                acc[0] += mean
+                acc[1] += 1
+            return
         self.records.append(SiteRecord(site, [x.kind for x in srcs], [x.pos for x in srcs],
                                        weights.float().t().reshape(len(srcs), *shape[:-1]),
                                        [(x.key.detach() * x.scale).view(shape) for x in srcs]))
@@ -274,7 +292,7 @@ class DepthAttention(nn.Module):
                     (x,), _, w = self._attend(own, [site], site_pos, state, prior=(outs[j], lses[:, j]))
                 else:
                     x, w = outs[j], None
-                if self.record:
+                if self.record or self.tally is not None:
                     self._record(site, shared + own, _site_weights(w, weights[:, :, j] if len(sites) > 1 else None),
                                  shape)
                 if site == self.n_steps:
@@ -294,6 +312,19 @@ class DepthAttention(nn.Module):
                     total, count = None, 0
             i = end
         raise AssertionError("unreachable")
+
+
+def source_labels(srcs: Sequence[Source]) -> list[str]:
+    """How a depth map names a site's sources: ``embedding``, ``block K``, ``partial``, ``recent J``
+    (the J-th newest raw output of the window)."""
+    labels, recent = [], 0
+    for src in srcs:
+        if src.kind == "window":
+            recent += 1
+            labels.append(f"recent {recent}")
+        else:
+            labels.append({"embedding": "embedding", "partial": "partial"}.get(src.kind, f"block {src.pos}"))
+    return labels
 
 
 def _site_weights(w: Tensor | None, shared: Tensor | None) -> Tensor:

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             box = [run_id]
             dist.broadcast_object_list(box)
             run_id = box[0]
-    recorder = open_recorder(engine, run_id, d.world) if d.is_rank0 else NullRecorder()
+    recorder = open_recorder(engine, run_id, d.world, d.describe()) if d.is_rank0 else NullRecorder()
     try:
         check_revision(cfg, run_id)  # a run recorded by older code is not continued by this one
         ending = train(cfg, d, recorder, paths.checkpoints_dir(run_id), fresh=args.fresh)

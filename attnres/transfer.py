@@ -11,6 +11,13 @@ One row per metric point, long format:
     value    required  number
     status   optional  finished (default), running, diverged, stopped, failed, killed
     preset   optional  default "imported"
+    experiment   optional  default: the preset
+    total_steps  optional  the run's step budget (default: its last step if finished, else the
+                           largest budget of the file's finished runs of the same preset)
+    device   optional  what trained it, e.g. "4x NVIDIA B200" (the report's provenance)
+    message  optional  why it ended (a failed or killed run's cause)
+
+Depth-attention maps travel as keys ``depth:SITE:SOURCE`` (see attnres.tracking.depth_maps).
 
 Importing the same file twice records every point once: a run is identified by its label,
 variant and seed, and metric rows are unique per (run, key, step).
@@ -31,20 +38,26 @@ from attnres.tracking import states, store
 from attnres.variants import canonical
 
 REQUIRED = ["variant", "seed", "step", "key", "value"]
+IMPORTED = "imported"  # the backend of a run recorded elsewhere: no process here to watch or stop
 INT_MAX = 2**31 - 1  # INTEGER in PostgreSQL
 
 
-def export(engine: Engine, out: Path, fmt: str = "csv") -> list[Path]:
-    """Write ``runs.<fmt>`` and ``metrics.<fmt>`` into folder ``out``; return their paths."""
+def export(engine: Engine, out: Path, fmt: str = "csv", experiment: str | None = None,
+           preset: str | None = None) -> list[Path]:
+    """Write ``runs.<fmt>`` and ``metrics.<fmt>`` (of one experiment or preset, or all) into folder
+    ``out``; return their paths."""
     if fmt not in {"csv", "parquet"}:
         raise AttnresError(f"unknown export format '{fmt}'; choose csv or parquet")
+    runs = store.runs_frame(engine, experiment=experiment, preset=preset)
+    if runs.empty and (experiment or preset):
+        raise AttnresError("no runs match " + " and ".join(f"--{k} {v}" for k, v in
+                                                           (("experiment", experiment), ("preset", preset)) if v))
     out.mkdir(parents=True, exist_ok=True)
-    runs = store.runs_frame(engine)
-    metrics = store.all_metrics(engine)
-    info = runs.set_index("id")[["variant", "seed", "status", "preset"]]
-    metrics = metrics.join(info, on="run_id")
+    metrics = store.all_metrics(engine, runs["id"].tolist())
+    cols = ["variant", "seed", "status", "preset", "experiment", "total_steps", "device", "message"]
+    metrics = metrics.join(runs.set_index("id")[cols], on="run_id")
     metrics.insert(0, "run", "run-" + metrics.pop("run_id").astype(str))
-    metrics = metrics[["run", "variant", "seed", "step", "key", "value", "status", "preset"]]
+    metrics = metrics[["run", "variant", "seed", "step", "key", "value", *cols[2:]]]
     paths = [out / f"runs.{fmt}", out / f"metrics.{fmt}"]
     for frame, path in zip([runs, metrics], paths, strict=True):
         frame.to_csv(path, index=False) if fmt == "csv" else frame.to_parquet(path, index=False)
@@ -91,25 +104,55 @@ def read_import(path: Path) -> pd.DataFrame:
     bad = set(df["status"]) - set(states.STATES)
     if bad:
         raise AttnresError(f"{path}: unknown status {', '.join(sorted(bad))}")
+    if "total_steps" in df.columns:
+        numbers = pd.to_numeric(df["total_steps"], errors="coerce")
+        bad = df.index[numbers.notna() & ((numbers % 1 != 0) | (numbers < 1) | (numbers > INT_MAX))]
+        if len(bad):
+            raise AttnresError(f"{path}: row {bad[0] + 1}: total_steps '{df['total_steps'].iloc[bad[0]]}' is not "
+                               f"an integer from 1 to {INT_MAX}")
+        df["total_steps"] = numbers
+    for col in ("preset", "experiment", "device", "message"):
+        if col in df.columns:
+            df[col] = [None if pd.isna(v) else str(v) for v in df[col]]
     return df
+
+
+def _given(grp: pd.DataFrame, col: str) -> object:
+    """A run's value of an optional column (its first non-empty one), or None."""
+    if col not in grp.columns:
+        return None
+    values = grp[col].dropna()
+    return values.iloc[0] if len(values) else None
+
+
+def _budgets(df: pd.DataFrame) -> dict[str, int]:
+    """Per preset, the largest last step of the file's finished runs: an unfinished run's likely budget."""
+    done = df[df["status"] == states.FINISHED]
+    preset = done["preset"].fillna("imported") if "preset" in done.columns else pd.Series("imported", done.index)
+    return {str(p): int(g.max()) for p, g in done["step"].groupby(preset)}
 
 
 def import_file(engine: Engine, path: Path, df: pd.DataFrame | None = None) -> dict[str, int]:
     """Record the runs of a metric file (read by :func:`read_import`); returns runs created and rows given."""
     df = read_import(path) if df is None else df
+    budgets = _budgets(df)
     created = 0
     for (label, variant, seed), grp in df.groupby(["run", "variant", "seed"], sort=True):
         ident = hashlib.sha256(f"import:{label}:{variant}:{seed}".encode()).hexdigest()[:12]
         run_id = store.run_with_hash(engine, ident)
         if run_id is None:
-            given = grp["preset"].iloc[0] if "preset" in grp else None
-            preset = str(given) if given is not None and pd.notna(given) else "imported"
+            preset = str(_given(grp, "preset") or "imported")
             status, last = str(grp["status"].iloc[-1]), int(grp["step"].max())
+            budget = _given(grp, "total_steps")
+            budget = int(budget) if budget is not None else last if status == states.FINISHED else \
+                max(last, budgets.get(preset, last))
             run_id = states.create(
                 engine, states.IMPORTER, status, variant=variant, seed=int(seed), preset=preset,
-                data=f"imported:{path.name}", config_hash=ident,
+                experiment=str(_given(grp, "experiment") or preset), device=_given(grp, "device"),
+                message=_given(grp, "message"), data=f"imported:{path.name}", config_hash=ident,
                 config_json=json.dumps({"variant": variant, "seed": int(seed), "imported": str(label)}),
-                total_steps=last, step=last, created_at=store.now(), ended_at=store.now(), world_size=1,
+                total_steps=budget, step=last, created_at=store.now(), backend=IMPORTED,
+                ended_at=None if status in states.ACTIVE else store.now(), world_size=1,
                 stop_step=last if status not in (*states.ACTIVE, states.FINISHED) else None)
             created += 1
         store.log_metrics(engine, run_id, list(zip(grp["step"], grp["key"], grp["value"], strict=True)))

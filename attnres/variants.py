@@ -184,13 +184,17 @@ def get_variant(name: str) -> Variant:
 
 
 def resolve_run(variant: str, preset: str, seed: int, overrides: list[str] | None = None,
-                data: str = "builtin") -> RunConfig:
-    """Build the full config of one run: preset, then variant, then ``key=value`` overrides."""
+                data: str = "builtin", experiment: str = "") -> RunConfig:
+    """Build the full config of one run: preset, then variant, then ``key=value`` overrides.
+
+    ``experiment`` names the experiment (default: the preset's); the default one is left out of the
+    config hash, so runs made before experiments existed keep theirs.
+    """
     p = get_preset(preset)
     v = get_variant(variant)
     model, train = apply_overrides(v.apply(p), p.train, overrides or [])
     return RunConfig(variant=v.name, preset=p.name, seed=seed, model=model, train=train, data=data,
-                     revision=v.revision)
+                     revision=v.revision, experiment="" if experiment == p.name else experiment)
 
 
 def superseded(variant: str, config_json: str) -> bool:

@@ -22,3 +22,6 @@ console = Console(width=_WIDTH)
 err = Console(stderr=True, width=None if sys.stderr.isatty() or "COLUMNS" in os.environ else 160)
 
 DbOpt = Annotated[str | None, typer.Option("--db", help="SQLAlchemy URL or SQLite file (default ./runs.db)")]
+ExperimentOpt = Annotated[str | None, typer.Option("--experiment", help="only runs of this experiment")]
+PresetOpt = Annotated[str | None, typer.Option("--preset", help="only runs of this preset")]
+BudgetOpt = Annotated[int | None, typer.Option("--budget", min=1, help="only runs of this many training steps")]

@@ -16,7 +16,7 @@ from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from attnres.errors import AttnresError
-from cli.app import DbOpt, app, console, err
+from cli.app import BudgetOpt, DbOpt, ExperimentOpt, PresetOpt, app, console, err
 
 if TYPE_CHECKING:
     from attnres.backends import Submitted
@@ -50,6 +50,7 @@ def launch(
     variant: Annotated[list[str], typer.Argument(help="variant names (see `attnres variants`)")],
     seeds: Annotated[list[int] | None, typer.Option("--seeds", help="seeds: --seeds 42 1337")] = None,
     preset: Annotated[str, typer.Option(help="model/training size")] = "tiny",
+    experiment: Annotated[str | None, typer.Option(help="experiment the runs belong to (default: the preset)")] = None,
     steps: Annotated[int | None, typer.Option(help="override the preset's training steps")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="override KEY=VALUE (repeatable)")] = None,
     data: Annotated[str, typer.Option(help="prepared dataset name or folder")] = "builtin",
@@ -77,7 +78,7 @@ def launch(
     placement = Placement(nproc, gpus_per_run, nodes, gpus_per_node, partition, time_limit,
                           key_values(backend_opt or [], "--backend-opt"))
     req = planning.request(variant, seeds, preset, steps, set_, data, backend, placement, kill_if_worse_than,
-                           by, at_step, force)
+                           by, at_step, force, experiment)
     url = normalize_url(db)
     engine = None if dry_run else get_engine(db)
     cells = planning.plan(engine, req)
@@ -244,6 +245,8 @@ def logs(
 def status(
     watch: Annotated[bool, typer.Option("--watch", help="live grid view: variants x seeds, until Ctrl-C")] = False,
     interval: Annotated[float, typer.Option(min=0.1, max=3600, help="--watch refresh seconds")] = 2.0,
+    experiment: ExperimentOpt = None,
+    preset: PresetOpt = None,
     db: DbOpt = None,
 ) -> None:
     """Live state of every run (runs whose process died are marked failed first)."""
@@ -261,7 +264,7 @@ def status(
 
         def render() -> Table:
             orchestrator.reconcile(engine)
-            header, rows = grid_rows(engine)
+            header, rows = grid_rows(engine, experiment, preset)
             table = Table(title="attnres grid (Ctrl-C to leave)")
             for col in header:
                 table.add_column(col)
@@ -277,18 +280,19 @@ def status(
         except KeyboardInterrupt:
             return
     orchestrator.reconcile(engine)
-    rows = status_rows(engine)
+    rows = status_rows(engine, experiment, preset)
     if not rows:
-        console.print("no runs yet: start one with `attnres launch standard --seeds 42`")
+        console.print("no runs match the filter" if experiment or preset
+                      else "no runs yet: start one with `attnres launch standard --seeds 42`")
         return
     table = Table(title="attnres runs")
     for col in rows[0]:
-        left = col in {"variant", "status"}
+        left = col in {"experiment", "variant", "status"}
         table.add_column(col, justify="left" if left else "right", no_wrap=left)
     colors = {states.FINISHED: "green", states.RUNNING: "cyan", states.QUEUED: "white", states.PREEMPTED: "yellow"}
     for row in rows:
         cells = [str(v) for v in row.values()]
-        cells[2] = f"[{colors.get(row['status'].split()[0], 'red')}]{cells[2]}[/]"
+        cells[3] = f"[{colors.get(row['status'].split()[0], 'red')}]{cells[3]}[/]"
         table.add_row(*cells)
     console.print(table)
 
@@ -297,16 +301,20 @@ def status(
 def report(
     out: Annotated[Path, typer.Option("--out", help="markdown file to write")] = Path("attnres-results.md"),
     baseline: Annotated[str, typer.Option(help="variant every Δ is measured against")] = "standard",
-    step: Annotated[int | None, typer.Option(min=0, help="eval step to compare (default: largest common)")] = None,
+    step: Annotated[int | None, typer.Option(min=0, help="eval step to compare (default: the final step, or the "
+                                                       "latest all compared variants reached)")] = None,
     plots: Annotated[bool, typer.Option(help="write PNG figures under reports/ beside --out")] = True,
+    experiment: ExperimentOpt = None,
+    preset: PresetOpt = None,
+    budget: BudgetOpt = None,
     db: DbOpt = None,
 ) -> None:
-    """Write the results document (every table of the hand-made one) from the database."""
+    """Write the results document of one experiment (default: the latest) from the database."""
     from attnres.tracking.db import get_engine
     from attnres.variants import canonical
     from reports.build import write_report
 
-    write_report(get_engine(db, create=False), out, canonical(baseline), step, plots)
+    write_report(get_engine(db, create=False), out, canonical(baseline), step, plots, experiment, preset, budget)
     console.print(f"wrote {out}")
 
 
@@ -315,16 +323,22 @@ def compare(
     variant: Annotated[list[str], typer.Argument(help="two or more variants; Δ is against the first")],
     step: Annotated[int | None, typer.Option(min=0, help="step for the seed statistics (default: last common)")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="also write the comparison as markdown")] = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="save the eval-curve overlay (PNG)")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="save Δ eval loss vs the first variant over steps (PNG)")
+                    ] = None,
+    experiment: ExperimentOpt = None,
+    preset: PresetOpt = None,
+    budget: BudgetOpt = None,
     db: DbOpt = None,
 ) -> None:
     """Compare variants side by side: aligned eval losses, seed statistics, config, cost."""
     from attnres.tracking.db import get_engine
     from reports.build import compare as run_compare
 
-    result = run_compare(get_engine(db, create=False), variant, step, plot)
+    result = run_compare(get_engine(db, create=False), variant, step, plot, experiment, preset, budget)
+    console.print(f"{result.scope.label()}")
     _print_frame(result.aligned, "Eval loss at common steps (seed mean)", ".4f")
-    _print_frame(result.stats, f"Statistics over seeds at step {result.step} (Welch t vs {result.variants[0]})", ".4f")
+    _print_frame(result.stats, f"Statistics over seeds at step {result.step} (Welch and paired t vs "
+                               f"{result.variants[0]})", ".4f")
     if len(result.config):
         _print_frame(result.config, "Config differences")
     _print_frame(result.cost, "Throughput and memory", ",.1f")

@@ -9,20 +9,22 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.app import DbOpt, app, console, data_app, db_app, err
+from cli.app import DbOpt, ExperimentOpt, PresetOpt, app, console, data_app, db_app, err
 
 
 @app.command("export")
 def export_cmd(
     fmt: Annotated[str, typer.Option("--format", help="csv or parquet")] = "csv",
     out: Annotated[Path, typer.Option("--out", help="folder to write runs.* and metrics.*")] = Path("export"),
+    experiment: ExperimentOpt = None,
+    preset: PresetOpt = None,
     db: DbOpt = None,
 ) -> None:
-    """Export every run and metric (pandas) to CSV or Parquet."""
+    """Export runs and their metrics (all, or one experiment's or preset's) to CSV or Parquet."""
     from attnres.tracking.db import get_engine
     from attnres.transfer import export
 
-    for path in export(get_engine(db, create=False), out, fmt):
+    for path in export(get_engine(db, create=False), out, fmt, experiment, preset):
         console.print(f"wrote {path}")
 
 
@@ -103,6 +105,22 @@ def bench(
         table.add_row(r["variant"], f"{r['n_layer']}L d{r['d_model']}", f"{r['tokens_per_s']:,.0f}", speed, spread,
                       peak, f"{r['saved_bytes_per_token']:,.0f}", saved, meets)
     console.print(table)
+
+
+@app.command()
+def inspect(
+    run: Annotated[int, typer.Argument(min=1, help="run id (an AttnRes variant's)")],
+    out: Annotated[Path, typer.Option("--out", help="PNG file to draw the map to")] = Path("depth_map.png"),
+    step: Annotated[int | None, typer.Option(min=0, help="eval step (default: the run's last map)")] = None,
+    db: DbOpt = None,
+) -> None:
+    """Draw one run's depth-attention map: each site's mean weight on each source, at an eval."""
+    from attnres.tracking.db import get_engine
+    from reports.build import inspect as draw
+
+    at, summary = draw(get_engine(db, create=False), run, out, step)
+    console.print(f"run {run} at step {at:,}: {summary}")
+    console.print(f"wrote {out}")
 
 
 @app.command()

@@ -6,27 +6,33 @@ database (through :mod:`attnres.tracking.reads`) -> DataFrames -> the pure modul
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import pandas as pd
-from sqlalchemy import Engine
+from matplotlib.figure import Figure
+from sqlalchemy import URL, Engine
 
 from attnres.errors import AttnresError
-from attnres.tracking.reads import load_results
+from attnres.planning import git_commit
+from attnres.tracking import depth_maps
+from attnres.tracking.reads import load_results, run_table
+from attnres.tracking.states import EARLY
 from attnres.variants import VARIANTS, canonical
 from reports import compare as cmp
-from reports.document import build_report
-from reports.plots import eval_curves, throughput_vs_delta
-from reports.stats import ReportError, common_step
+from reports.document import Inputs, build_report
+from reports.plots import delta_curves, depth_heatmaps, throughput_vs_delta
+from reports.scope import Scope, choose, select
+from reports.stats import ReportError
 from reports.tables import per_variant
 
 
-def families() -> dict[str, list[str]]:
-    """Variant families compared separately at a common step: the reshaped (deep) variants."""
-    deep = [v.name for v in VARIANTS.values() if v.depth_mult > 1]
-    return {"Deep": deep} if deep else {}
+def deep_variants() -> list[str]:
+    """Variants compared against the shallow baseline at their own step: the reshaped (deep) ones."""
+    return [v.name for v in VARIANTS.values() if v.depth_mult > 1]
 
 
 def _writable(path: Path) -> None:
@@ -37,69 +43,144 @@ def _writable(path: Path) -> None:
         raise AttnresError(f"cannot write '{path}': permission denied")
 
 
-def write_report(engine: Engine, out: Path, baseline: str = "standard", step: int | None = None,
-                 plots: bool = True) -> str:
-    """Build the document from the database; write it (and PNGs under ``reports/`` beside it)."""
-    _writable(out)
-    res = load_results(engine, step=step)
-    descriptions = {v.name: v.description for v in VARIANTS.values()}
-    figures: dict[str, str] = {}
+def _save(fig: Figure, path: Path) -> None:
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def public_url(engine: Engine) -> str:
+    """The database URL without user name or password (it goes into a shared document)."""
+    u = engine.url
+    return URL.create(u.drivername, host=u.host, port=u.port, database=u.database, query=u.query).render_as_string()
+
+
+def provenance(engine: Engine, runs: pd.DataFrame, today: dt.date | None = None) -> dict[str, str]:
+    """Where the document's numbers come from: date, code, devices, database."""
+    commits = sorted({str(c)[:10] for c in runs["git_commit"].dropna()})
+    devices = runs["device"].fillna("not recorded").value_counts()
+    return {
+        "generated": (today or dt.date.today()).isoformat(),
+        "attnres commit": (git_commit() or "unknown")[:10],
+        "trained at commits": ", ".join(commits) if commits else "not recorded",
+        "devices": ", ".join(f"{name} ({n} run{'s' * (n > 1)})" for name, n in devices.items()),
+        "database": public_url(engine),
+    }
+
+
+def _scoped(engine: Engine, experiment: str | None, preset: str | None,
+            budget: int | None) -> tuple[pd.DataFrame, Scope, list[Scope]]:
     try:
-        if plots and len(res.runs):
-            fig_dir = out.resolve().parent / "reports"
-            fig_dir.mkdir(exist_ok=True)
-            curves = eval_curves(res.runs, res.evals)
-            curves.savefig(fig_dir / "eval_curves.png", dpi=110)
-            figures["Eval loss curves"] = "reports/eval_curves.png"
-            fam = {v for m in families().values() for v in m}
-            shallow = res.runs[~res.runs["variant"].isin(fam)]
-            s = step if step is not None else common_step(shallow, res.evals)
-            table = per_variant(shallow, res.evals, s)
-            if baseline in set(table["variant"]):
-                throughput_vs_delta(table, baseline).savefig(fig_dir / "throughput_vs_delta.png", dpi=110)
-                figures["Throughput vs eval-loss Δ"] = "reports/throughput_vs_delta.png"
-        notes = []
-        if len(res.superseded):
-            old = ", ".join(f"{r.variant} s{r.seed} (run {r.id})" for r in res.superseded.itertuples())
-            notes.append(f"Not compared: {old}, trained by an earlier revision of the variant "
-                         "(`attnres variants` lists what changed); launch them again to include them.")
-        text = build_report(res.runs, res.evals, descriptions, families(), baseline, step, figures=figures,
-                            notes=notes)
+        return select(run_table(engine), experiment, preset, budget)
+    except ReportError as exc:
+        raise AttnresError(str(exc)) from None
+
+
+def write_report(engine: Engine, out: Path, baseline: str = "standard", step: int | None = None,
+                 plots: bool = True, experiment: str | None = None, preset: str | None = None,
+                 budget: int | None = None) -> str:
+    """Build the document of one scope from the database; write it (and PNGs under ``reports/`` beside it)."""
+    _writable(out)
+    runs, scope, others = _scoped(engine, experiment, preset, budget)
+    res = load_results(engine, step=step, runs=runs)
+    notes = []
+    if len(res.superseded):
+        old = ", ".join(f"{r.variant} s{r.seed} (run {r.id})" for r in res.superseded.itertuples())
+        notes.append(f"Not compared: {old}, trained by an earlier revision of the variant "
+                     "(`attnres variants` lists what changed); launch them again to include them.")
+    inp = Inputs(res.runs, res.evals, scope, {v.name: v.description for v in VARIANTS.values()}, deep_variants(),
+                 baseline, step, res.maps, provenance(engine, res.runs), notes=notes, others=others)
+    try:
+        text = build_report(inp)  # first without figures: bad data fails here, before any file is written
+        if plots:
+            inp.figures = _figures(inp, out.resolve().parent / "reports")
+            text = build_report(inp)
     except ReportError as exc:
         raise AttnresError(f"cannot build the report: {exc}") from None
     out.write_text(text)
     return text
 
 
+def _figures(inp: Inputs, folder: Path) -> dict[str, str]:
+    folder.mkdir(exist_ok=True)
+    figures = {}
+    _save(delta_curves(inp.runs, inp.evals, inp.baseline, deep=set(inp.deep)), folder / "delta_curves.png")
+    figures["Δ eval loss vs the baseline over steps"] = "reports/delta_curves.png"
+    shallow = [v for v in sorted(set(inp.runs["variant"])) if v not in inp.deep]
+    choice = choose(inp.runs, inp.evals, shallow, inp.baseline, inp.step)
+    if choice is not None:
+        table = per_variant(inp.runs, inp.evals, choice.step, choice.compared)
+        table = table[table["mark"] == ""]
+        if inp.baseline in set(table["variant"]):
+            _save(throughput_vs_delta(table, inp.baseline), folder / "throughput_vs_delta.png")
+            figures[f"Throughput vs eval-loss Δ at step {choice.step:,}"] = "reports/throughput_vs_delta.png"
+    if not inp.maps.empty:
+        named = inp.maps.merge(inp.runs[["id", "variant"]], left_on="run_id", right_on="id")
+        last = {v: g[g["step"] == g["step"].max()] for v, g in sorted(named.groupby("variant"), key=lambda kv: kv[0])}
+        _save(depth_heatmaps(last), folder / "depth_maps.png")
+        figures["Depth-attention maps (last eval)"] = "reports/depth_maps.png"
+    return figures
+
+
 @dataclass
 class Comparison:
     variants: list[str]
     step: int
+    scope: Scope
     aligned: pd.DataFrame
     stats: pd.DataFrame
     config: pd.DataFrame
     cost: pd.DataFrame
 
     def markdown(self) -> str:
-        return cmp.compare_markdown(self.aligned, self.stats, self.config, self.cost, self.step)
+        return cmp.compare_markdown(self.aligned, self.stats, self.config, self.cost, self.step, self.scope)
 
 
-def compare(engine: Engine, variants: list[str], step: int | None = None, plot: Path | None = None) -> Comparison:
-    """Compare variants side by side; optionally save the eval-curve overlay to ``plot``."""
+def compare(engine: Engine, variants: list[str], step: int | None = None, plot: Path | None = None,
+            experiment: str | None = None, preset: str | None = None, budget: int | None = None) -> Comparison:
+    """Compare variants side by side within one scope; optionally save their Δ curves to ``plot``."""
     names = [canonical(v) for v in variants]
     if len(set(names)) < 2:
         raise AttnresError("compare needs at least two different variants, e.g. attnres compare standard control_block")
-    res = load_results(engine, names, step=step)
+    if plot is not None:
+        _writable(plot)
+    all_runs = run_table(engine)
+    mine = all_runs[all_runs["variant"].isin(names)]
+    if mine.empty:
+        raise AttnresError(f"no runs of {', '.join(names)}")
     try:
+        runs, scope, _ = select(mine, experiment, preset, budget)
+        res = load_results(engine, names, step=step, runs=runs)
         aligned = cmp.aligned_evals(res.runs, res.evals, names)
         at = step if step is not None else int(aligned["step"].max())
         if at not in set(aligned["step"]):
             raise ReportError(f"not every variant has an eval loss at step {at}")
-        result = Comparison(names, at, aligned, cmp.seed_stats(res.runs, res.evals, names, at),
+        result = Comparison(names, at, scope, aligned, cmp.seed_stats(res.runs, res.evals, names, at),
                             cmp.config_diff(res.runs, names), cmp.cost(res.runs, names))
     except ReportError as exc:
         raise AttnresError(f"cannot compare: {exc}") from None
     if plot is not None:
-        _writable(plot)
-        eval_curves(res.runs, res.evals, names).savefig(plot, dpi=110)
+        _save(delta_curves(res.runs, res.evals, names[0], names), plot)
     return result
+
+
+def inspect(engine: Engine, run_id: int, out: Path, step: int | None = None) -> tuple[int, str]:
+    """Draw one run's depth-attention map (at ``step``, default its last) to ``out``; returns (step, summary)."""
+    from reports.depthmaps import matrix, summary
+
+    runs = run_table(engine)
+    if run_id not in set(runs["id"]):
+        raise AttnresError(f"no run with id {run_id}")
+    _writable(out)
+    have = depth_maps.steps(engine, run_id)
+    run = runs[runs["id"] == run_id].iloc[0]
+    if not have:
+        why = "standard residuals have no depth attention" if run["variant"] == "standard" else \
+            "no depth map recorded (it records one at each eval)"
+        raise AttnresError(f"run {run_id} ({run['variant']}): {why}")
+    if step is not None and step not in have:
+        raise AttnresError(f"run {run_id} has no depth map at step {step}; it has steps {', '.join(map(str, have))}")
+    at = have[-1] if step is None else step
+    weights = depth_maps.maps(engine, [run_id], at)
+    ended = f", {run['status']}" if run["status"] in EARLY else ""
+    _save(depth_heatmaps({f"run {run_id}: {run['variant']} s{run['seed']}, step {at:,}{ended}": weights}), out)
+    return at, summary(matrix(weights))

@@ -8,12 +8,12 @@ import math
 import numpy as np
 import pandas as pd
 
-from reports.stats import ReportError, mean_ci, seeds_to_resolve, welch
+from reports.stats import ReportError, finite, mean_ci, paired, seeds_needed, welch
 
 
 def aligned_evals(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
     """Seed-mean eval loss per variant at the steps every compared variant reached, and Δ vs the first."""
-    merged = evals.merge(runs[["id", "variant"]], left_on="run_id", right_on="id")
+    merged = finite(evals).merge(runs[["id", "variant"]], left_on="run_id", right_on="id")
     merged = merged[merged["variant"].isin(variants)]
     wide = merged.groupby(["step", "variant"])["value"].mean().unstack("variant")
     missing = [v for v in variants if v not in wide.columns]
@@ -29,19 +29,26 @@ def aligned_evals(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str]) 
 
 
 def seed_stats(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str], step: int) -> pd.DataFrame:
-    """Per variant at ``step``: seeds, mean, std, 95% CI; Welch t/p and seeds to resolve vs the first."""
-    at = evals[evals["step"] == step].merge(runs[["id", "variant", "seed"]], left_on="run_id", right_on="id")
+    """Per variant at ``step``: seeds, mean, std, 95% CI; against the first: Δ, Welch t/p, the paired
+    test over shared seeds, and the seeds per arm an exact t-test power calculation asks for."""
+    at = finite(evals)[lambda e: e["step"] == step].merge(runs[["id", "variant", "seed"]], left_on="run_id",
+                                                           right_on="id")
     ref = at.loc[at["variant"] == variants[0], "value"].to_numpy()
-    ref_std = float(np.std(ref, ddof=1)) if len(ref) > 1 else float("nan")
+    ref_by_seed = dict(zip(at.loc[at["variant"] == variants[0], "seed"], ref, strict=True))
+    ref_std = float(np.std(ref, ddof=1)) if len(ref) > 1 else math.nan
     rows = []
     for v in variants:
-        vals = at.loc[at["variant"] == v, "value"].to_numpy()
+        mine = at[at["variant"] == v]
+        vals = mine["value"].to_numpy()
         mean, std, lo, hi = mean_ci(vals)
-        t, p = welch(vals, ref) if v != variants[0] else (float("nan"), float("nan"))
-        need = seeds_to_resolve(mean - float(np.mean(ref)), std, ref_std) if v != variants[0] and len(ref) else math.nan
+        first = v == variants[0]
+        delta = mean - float(np.mean(ref)) if len(ref) and len(vals) else math.nan
+        t, p = welch(vals, ref) if not first else (math.nan, math.nan)
+        pairs, _, pt, pp = paired(dict(zip(mine["seed"], vals, strict=True)), ref_by_seed) if not first else \
+            (0, math.nan, math.nan, math.nan)
         rows.append({"variant": v, "seeds": len(vals), "mean": mean, "std": std, "ci_low": lo, "ci_high": hi,
-                     "delta": mean - float(np.mean(ref)) if len(ref) else math.nan, "t": t, "p": p,
-                     "seeds_to_resolve": need})
+                     "delta": delta, "welch_t": t, "welch_p": p, "paired_n": pairs, "paired_t": pt, "paired_p": pp,
+                     "seeds_needed": seeds_needed(delta, std, ref_std) if not first else math.nan})
     return pd.DataFrame(rows)
 
 
@@ -77,10 +84,11 @@ def cost(runs: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
 
 
 def compare_markdown(aligned: pd.DataFrame, stats_: pd.DataFrame, diff: pd.DataFrame, costs: pd.DataFrame,
-                     step: int) -> str:
+                     step: int, scope: object = None) -> str:
     """All comparison tables as one markdown document."""
     return "\n".join([
         f"# Comparison: {' vs '.join(stats_['variant'])}\n",
+        *([f"Scope: {scope.label()}.\n"] if scope is not None else []),
         "## Eval loss at common steps (seed mean)\n", aligned.to_markdown(index=False, floatfmt=".4f"), "",
         f"## Statistics over seeds at step {step}\n", stats_.to_markdown(index=False, floatfmt=".4f"), "",
         "## Config differences\n", diff.to_markdown(index=False) if len(diff) else "_(none besides the variant)_", "",

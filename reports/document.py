@@ -1,19 +1,40 @@
-"""Assemble the results document (markdown) from a run table and an evals table.
+"""Assemble the results document (markdown) from a run table, an evals table and depth maps.
 
-Pure: DataFrames and the variant registry in, a markdown string out. The same input always
-gives the same text (no clocks, no unordered iteration), so a report can be diffed run to run.
+Pure: DataFrames and plain values in, a markdown string out. The same input always gives the same
+text (the date and provenance are given, nothing reads a clock), so a report can be diffed.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import pandas as pd
 
-from attnres.tracking.states import ACTIVE
-from reports.stats import ReportError, common_step
-from reports.tables import completed, cost_benefit, family_comparison, multi_seed, per_variant
+from attnres.tracking.states import ACTIVE, EARLY, FINISHED
+from reports import depthmaps
+from reports.scope import Choice, Scope, choose
+from reports.stats import MARKS, STARS_RULE, ReportError
+from reports.tables import VERDICT_RULE, baseline_row, completed, cost_benefit, family, multi_seed, per_variant
+
+
+@dataclass
+class Inputs:
+    """Everything a document is built from (see :func:`build_report`)."""
+
+    runs: pd.DataFrame  # one scope's runs (reports.scope.select), with final_train_loss, tokens_per_s, ...
+    evals: pd.DataFrame  # long: run_id, step, value
+    scope: Scope
+    descriptions: Mapping[str, str]  # variant -> description, in registry order
+    deep: list[str]  # variants compared against the shallow baseline at their own step
+    baseline: str = "standard"
+    step: int | None = None  # compare the shallow group here instead of choosing
+    maps: pd.DataFrame = field(default_factory=pd.DataFrame)  # run_id, step, site, source, weight
+    provenance: Mapping[str, str] = field(default_factory=dict)
+    figures: Mapping[str, str] = field(default_factory=dict)  # caption -> relative path
+    notes: list[str] = field(default_factory=list)
+    others: list[Scope] = field(default_factory=list)
 
 
 def _md(df: pd.DataFrame) -> str:
@@ -24,78 +45,178 @@ def _num(x: float, fmt: str) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
 
-def variants_section(descriptions: Mapping[str, str], present: set[str]) -> str:
+def _cause(run: pd.Series) -> str:
+    message = run["message"]
+    text = message.strip().splitlines()[0][:160] if isinstance(message, str) and message.strip() else ""
+    return text or "no cause recorded"
+
+
+def run_summary(runs: pd.DataFrame) -> str:
+    """A variant's runs in words: '2 finished; s42 running (step 3,000); s7 failed at step 80'."""
+    parts = []
+    done = runs[runs["status"] == FINISHED]
+    if len(done):
+        parts.append(f"{len(done)} finished")
+    for run in runs[runs["status"] != FINISHED].sort_values("seed").itertuples():
+        at = int(run.stop_step) if run.status in EARLY and pd.notna(run.stop_step) else int(run.step)
+        parts.append(f"s{run.seed} {run.status} {'at' if run.status in EARLY else '(step'} {at:,}"
+                     + ("" if run.status in EARLY else ")"))
+    return "; ".join(parts) or "—"
+
+
+def header(inp: Inputs) -> str:
+    p = dict(inp.provenance)
+    lines = [f"Scope: {inp.scope.label()}."]
+    for key in ("generated", "attnres commit", "trained at commits", "devices", "database"):
+        if p.get(key):
+            lines.append(f"{key.capitalize()}: {p[key]}.")
+    return "\n".join(f"- {line}" for line in lines) + "\n"
+
+
+def variants_section(inp: Inputs) -> str:
+    present = set(inp.runs["variant"])
+    names = [v for v in inp.descriptions if v in present] + [v for v in sorted(present) if v not in inp.descriptions]
     rows = pd.DataFrame({
-        "Variant": list(descriptions),
-        "Description": list(descriptions.values()),
-        "Runs": ["yes" if v in present else "—" for v in descriptions],
+        "Variant": names,
+        "Description": [inp.descriptions.get(v, "(not in this attnres's registry)") for v in names],
+        "Runs": [run_summary(inp.runs[inp.runs["variant"] == v]) for v in names],
     })
-    return "## Variants\n\n" + _md(rows) + "\n"
+    missing = [v for v in inp.descriptions if v not in present]
+    tail = f"\nNot run in this scope: {', '.join(missing)}.\n" if missing else ""
+    return "## Variants\n\n" + _md(rows) + "\n" + tail
+
+
+def _where(choice: Choice, budget: int) -> str:
+    if choice.asked:
+        return f"at step {choice.step:,} of {budget:,} (asked for with --step)"
+    if choice.final:
+        return f"at step {choice.step:,}, the final step"
+    return (f"**partial**: at step {choice.step:,} of {budget:,}, the latest step every compared variant has "
+            "reached")
+
+
+def _progress_notes(choice: Choice) -> list[str]:
+    notes = []
+    if choice.behind:
+        notes.append("Still behind (not in the table yet): " + ", ".join(
+            f"{v} s{seed} (step {step:,})" for v, seed, step in sorted(choice.behind)) + ".")
+    notes += [f"{v} still too early to compare (step ~{step:,})." for v, step in choice.too_early.items()]
+    return notes
+
+
+def main_section(inp: Inputs, shallow: list[str]) -> tuple[str, pd.DataFrame | None, int | None]:
+    runs = inp.runs[inp.runs["variant"].isin(shallow)]
+    choice = choose(runs, inp.evals, shallow, inp.baseline, inp.step)
+    if choice is None:
+        raise ReportError(f"the baseline '{inp.baseline}' has no eval loss yet in this scope; wait for its first "
+                          "eval, or pass --baseline")
+    table = per_variant(runs, inp.evals, choice.step, None)
+    main = completed(table, inp.baseline, choice.behind)
+    text = [f"## Results\n\nEval loss (held-out data) {_where(choice, inp.scope.budget)}. Lower is better. "
+            f"Baseline = {inp.baseline}. Eval loss is the mean ± std over seeds, or the one seed's value; "
+            "Δ is between means; final train loss and throughput are means over the same seeds.\n",
+            _md(main) + "\n"]
+    text += [f"{n}\n" for n in main.attrs["footnotes"] + inp.notes + _progress_notes(choice)]
+    return "\n".join(text), table, choice.step
+
+
+def ended_section(runs: pd.DataFrame) -> str:
+    ended = runs[runs["status"].isin(EARLY)].sort_values(["variant", "seed"])
+    if ended.empty:
+        return ""
+    rows = pd.DataFrame({
+        "Variant": ended["variant"], "Seed": ended["seed"].astype(str),
+        "Ended": [MARKS[s] for s in ended["status"]],
+        "At step": [f"{int(r.stop_step if pd.notna(r.stop_step) else r.step):,} of {int(r.total_steps):,}"
+                    for r in ended.itertuples()],
+        "Cause": [_cause(r) for _, r in ended.iterrows()],
+    })
+    return "## Runs That Ended Early\n\n" + _md(rows) + "\n"
 
 
 def multi_seed_section(tables: Mapping[str, pd.DataFrame], baseline: str, step: int) -> str:
     if not tables:
-        return (f"## Multi-Seed Results\n\nNo variant has two or more seeds at step {step} yet.\n")
+        return f"## Multi-Seed Results\n\nNo variant has two or more seeds at step {step:,} yet.\n"
     parts = ["## Multi-Seed Results\n",
-             "Mean, sample std and the 95% t-interval of the mean per variant; Welch's t-test "
-             f"compares its seeds with {baseline}'s (needs ≥2 seeds on both sides). *Seeds to "
-             "resolve* is the seeds per arm a two-sample test (α = 0.05, power 0.8) would need to "
-             "detect the observed difference, from the observed spread.\n"]
+             f"Per seed, mean, sample std and the 95% t-interval of the mean, at step {step:,}. Against "
+             f"{baseline}: Welch's t-test (≥ 2 seeds on both sides), the paired t-test over the seeds both have "
+             "(the same seed sees the same data order), and the seeds per arm an exact two-sample t-test "
+             "(α 0.05, power 0.8) needs to resolve the observed Δ with the observed spread.\n"]
     for variant, table in tables.items():
         a = table.attrs
         parts.append(f"### {variant}\n\n{_md(table)}\n")
-        if variant != baseline:
-            parts.append(f"Δ vs {baseline}: {_num(a['delta'], '+.4f')}; Welch t = {_num(a['t'], '.3f')}, "
-                         f"p = {_num(a['p'], '.4f')} ({a['n_baseline']} baseline seed(s)); "
-                         f"seeds to resolve: {_num(a['seeds_needed'], '.0f')}.\n")
+        if a:
+            need = a["seeds_needed"]
+            parts.append(
+                f"Δ vs {baseline}: {_num(a['delta'], '+.4f')} ({a['n']} vs {a['n_base']} seeds); Welch t = "
+                f"{_num(a['t'], '.3f')}, p = {_num(a['p'], '.4f')}; paired over {a['pairs']} shared seed(s): "
+                f"Δ {_num(a['paired_delta'], '+.4f')}, t = {_num(a['paired_t'], '.3f')}, p = "
+                f"{_num(a['paired_p'], '.4f')}; {'resolved' if a['resolved'] else 'unresolved'}; seeds per arm "
+                f"to resolve: {'n/a' if need != need else ('> 100,000' if math.isinf(need) else f'{need:.0f}')}.\n")
     return "\n".join(parts)
 
 
-def cost_section(table: pd.DataFrame, base: pd.Series, baseline: str) -> str:
+def deep_section(inp: Inputs, members: list[str]) -> str:
+    runs = inp.runs[inp.runs["variant"].isin([*members, inp.baseline])]
+    if not set(members) & set(runs["variant"]):
+        return ""
+    choice = choose(runs, inp.evals, members, inp.baseline)
+    head = f"## Deep Variants\n\nDepth-scaled variants against the shallow {inp.baseline} baseline.\n"
+    if choice is None or len(choice.compared) < 2:
+        waiting = "; ".join(f"{v} (step ~{s:,})" for v, s in (choice.too_early.items() if choice else []))
+        return head + ("\nNo deep variant has an eval at a step the baseline has yet"
+                       + (f": {waiting}" if waiting else "") + ".\n")
+    table = per_variant(runs, inp.evals, choice.step, choice.compared)
+    table.attrs["step"] = choice.step
+    text = [head, f"Comparison {_where(choice, inp.scope.budget)}.\n", _md(family(table, inp.baseline)) + "\n"]
+    text += [f"{n}\n" for n in _progress_notes(choice)]
+    return "\n".join(text)
+
+
+def cost_section(table: pd.DataFrame, baseline: str) -> str:
+    base = baseline_row(table, baseline)
     mem = base["peak_memory_bytes"]
-    mem_txt = f"{mem / 2**30:.2f} GiB" if not math.isnan(mem) else "unknown"
-    rule = ("Quality: one ★ per 0.010 of eval-loss improvement over the baseline, to the nearest half "
-            "star, at most five; ☆ means no improvement. Verdict: Δ ≥ 0 is *Not worth it*; of the improving variants "
-            "the largest improvement is *Best quality*, the largest improvement per unit of cost "
-            "(speed cost % + memory cost %, at least 1) is *Best quality/cost ratio*; the rest are "
-            "*Solid* at ≥ 0.020 improvement, else *Modest*. Runs that ended early are left out.")
-    return (f"## Cost/Benefit Summary\n\n{_md(table)}\n\nSpeed cost = change in tok/s vs {baseline}. "
-            f"Memory cost = change in peak memory vs {baseline} ({mem_txt}).\n\n{rule}\n")
+    mem_txt = f"{mem / 2**30:.2f} GiB" if isinstance(mem, float) and math.isfinite(mem) else "unknown"
+    return (f"## Cost/Benefit Summary\n\n{_md(cost_benefit(table, baseline))}\n\nSpeed cost = change in tok/s vs "
+            f"{baseline}. Memory cost = change in peak memory vs {baseline} ({mem_txt}).\n\n{STARS_RULE}\n\n"
+            f"{VERDICT_RULE}\n")
 
 
-def build_report(runs: pd.DataFrame, evals: pd.DataFrame, descriptions: Mapping[str, str],
-                 families: Mapping[str, list[str]], baseline: str = "standard", step: int | None = None,
-                 title: str = "AttnRes: Attention Over the Residual Stream — Experimental Results",
-                 figures: Mapping[str, str] | None = None, notes: list[str] | None = None) -> str:
-    """The whole document. ``families`` maps a label (e.g. 'Deep') to variants compared at a common step;
-    ``notes`` are said under the main table (e.g. which runs were left out, and why)."""
-    if runs.empty:
-        raise ReportError("no runs in the database: launch some first (attnres launch ...)")
-    comparable = runs[runs["variant"].isin([v for v in runs["variant"].unique()
-                                             if not any(v in m for m in families.values())])]
-    step = step if step is not None else common_step(comparable if len(comparable) else runs, evals)
-    table = per_variant(comparable if len(comparable) else runs, evals, step)
-    main = completed(table, baseline)
-    base = table[table["variant"] == baseline].iloc[0]
-    parts = [f"# {title}\n", variants_section(descriptions, set(runs["variant"])),
-             f"## Completed Experiments\n\nEval loss at step {step} (held-out data). Lower is better. "
-             f"Baseline = {baseline}.\n\n{_md(main)}\n"]
-    if main.attrs["footnotes"]:
-        parts.append("\n".join(main.attrs["footnotes"]) + "\n")
-    parts += [f"{note}\n" for note in notes or []]
-    in_progress = runs[runs["status"].isin(ACTIVE) & (runs["step"] < step)]
-    if len(in_progress):
-        parts.append("In progress (not yet at step {}): {}.\n".format(
-            step, ", ".join(f"{r.variant} s{r.seed} (step {r.step})" for r in in_progress.itertuples())))
-    parts.append(multi_seed_section(multi_seed(comparable, evals, step, baseline), baseline, step))
-    for label, members in families.items():
-        got = family_comparison(runs, evals, members, baseline)
-        if got is None:
-            continue
-        fam, fstep, notes = got
-        parts.append(f"## {label} Variants\n\nComparison at step {fstep} eval loss against the "
-                     f"{baseline} baseline.\n\n{_md(fam)}\n" + "".join(f"\n{n}\n" for n in notes))
-    parts.append(cost_section(cost_benefit(table, baseline), base, baseline))
-    if figures:
-        parts.append("## Figures\n\n" + "\n\n".join(f"![{name}]({path})" for name, path in figures.items()) + "\n")
-    return "\n".join(parts)
+def maps_section(inp: Inputs) -> str:
+    if inp.maps.empty:
+        return ""
+    parts = ["## Depth-Attention Maps\n",
+             "Each AttnRes variant's mean softmax weight, per site, on each source it attends to, over held-out "
+             "tokens at its last recorded eval (averaged over its seeds at that step).\n"]
+    by_variant = inp.maps.merge(inp.runs[["id", "variant"]], left_on="run_id", right_on="id")
+    for variant, grp in sorted(by_variant.groupby("variant"), key=lambda kv: kv[0]):
+        last = int(grp["step"].max())
+        at = grp[grp["step"] == last]
+        m = depthmaps.matrix(at)
+        parts.append(f"- **{variant}** (step {last:,}, {at['run_id'].nunique()} run(s), {len(m.index)} sites): "
+                     f"{depthmaps.summary(m)}")
+    return "\n".join(parts) + "\n"
+
+
+def build_report(inp: Inputs, title: str = "AttnRes: Attention Over the Residual Stream — Experimental Results") -> str:
+    """The whole document for one scope."""
+    if inp.runs.empty:
+        raise ReportError("no runs in this scope: launch some first (attnres launch ...)")
+    if inp.baseline not in set(inp.runs["variant"]):
+        raise ReportError(f"no runs of the baseline '{inp.baseline}' in {inp.scope.label()}; run it or pass --baseline")
+    deep = [v for v in inp.deep if v != inp.baseline]
+    shallow = [v for v in sorted(set(inp.runs["variant"])) if v not in deep]
+    main, table, step = main_section(inp, shallow)
+    parts = [f"# {title}\n", header(inp), variants_section(inp), main, ended_section(inp.runs)]
+    parts.append(multi_seed_section(multi_seed(inp.runs, table, inp.baseline, step), inp.baseline, step))
+    parts += [deep_section(inp, deep), cost_section(table, inp.baseline), maps_section(inp)]
+    if inp.figures:
+        parts.append("## Figures\n\n" + "\n\n".join(f"![{name}]({path})" for name, path in inp.figures.items()) + "\n")
+    if inp.others:
+        parts.append("## Other Experiments in This Database\n\nNot in this document (a table never mixes "
+                     "experiments, presets or step budgets):\n\n"
+                     + "\n".join(f"- {s.label()}: `attnres report {s.flags()}`" for s in inp.others) + "\n")
+    running = inp.runs[inp.runs["status"].isin(ACTIVE)]
+    if len(running):
+        parts.append(f"_{len(running)} run(s) still queued or running: this document is a snapshot._\n")
+    return "\n".join(p for p in parts if p)

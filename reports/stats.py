@@ -1,14 +1,15 @@
-"""Statistics over runs: pure functions of DataFrames (no database, no I/O).
+"""Statistics over runs: pure functions of DataFrames and arrays (no database, no I/O).
 
-Conventions: a *run table* has one row per run (id, variant, seed, status, ...); an *evals
-table* is long format (run_id, step, value). Runs that ended before the compared step
-(diverged, stopped early, failed, killed) contribute their last eval, marked, as the results
+Conventions: a *run table* has one row per run (id, variant, seed, status, step, total_steps,
+...); an *evals table* is long format (run_id, step, value). Runs that ended before the compared
+step (diverged, stopped early, failed, killed) contribute their last eval, marked, as the results
 document's "*Killed early at step 5000".
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -17,30 +18,25 @@ from scipy import stats
 from attnres.tracking.states import DIVERGED, EARLY, FAILED, KILLED, STOPPED
 
 MARKS = {DIVERGED: "diverged", STOPPED: "stopped early", FAILED: "failed", KILLED: "killed"}
+ALPHA, POWER = 0.05, 0.8
 
 
 class ReportError(ValueError):
     """The data cannot support the requested report (no runs, no baseline, no common step)."""
 
 
-def common_step(runs: pd.DataFrame, evals: pd.DataFrame) -> int:
-    """The largest eval step that every run still in the comparison (not ended early) reached."""
-    live = runs[~runs["status"].isin(EARLY)]
-    if live.empty:
-        raise ReportError("no runs to compare (every run ended early)")
-    steps = [set(evals.loc[evals["run_id"] == rid, "step"]) for rid in live["id"]]
-    shared = set.intersection(*steps) if steps else set()
-    if not shared:
-        raise ReportError("the runs share no eval step; pass --step or wait for more evals")
-    return int(max(shared))
+def finite(evals: pd.DataFrame) -> pd.DataFrame:
+    """The evals with a finite value (a diverged run may have logged NaN or inf)."""
+    return evals[np.isfinite(evals["value"].to_numpy(dtype=float))]
 
 
 def eval_at(runs: pd.DataFrame, evals: pd.DataFrame, step: int) -> pd.DataFrame:
-    """Each run's eval loss at ``step``; early-ended runs give their last eval, marked.
+    """Each run's eval loss at ``step``; early-ended runs give their last eval up to it, marked.
 
     Returns columns: run_id, variant, seed, status, eval, eval_step, mark (footnote text or "").
-    Runs still going that have not reached ``step`` are left out.
+    Runs still going that have no eval at ``step`` are left out.
     """
+    evals = finite(evals)
     rows = []
     for run in runs.itertuples(index=False):
         curve = evals[evals["run_id"] == run.id].sort_values("step")
@@ -51,50 +47,101 @@ def eval_at(runs: pd.DataFrame, evals: pd.DataFrame, step: int) -> pd.DataFrame:
             ended = int(run.stop_step) if pd.notna(run.stop_step) else int(run.step)
             rows.append((run.id, run.variant, run.seed, run.status, float(last["value"]), int(last["step"]),
                          f"{MARKS[run.status].capitalize()} at step {ended}"))
-        elif len(at):
+        elif run.status not in EARLY and len(at):
             rows.append((run.id, run.variant, run.seed, run.status, float(at["value"].iloc[0]), step, ""))
     return pd.DataFrame(rows, columns=["run_id", "variant", "seed", "status", "eval", "eval_step", "mark"])
 
 
 def mean_ci(values: np.ndarray, confidence: float = 0.95) -> tuple[float, float, float, float]:
-    """Mean, sample std, and the two-sided t confidence interval of the mean."""
+    """Mean, sample std, and the two-sided t confidence interval of the mean (NaN where undefined)."""
     values = np.asarray(values, dtype=float)
-    n, mean = len(values), float(np.mean(values))
+    n = len(values)
+    if n == 0:
+        return (math.nan,) * 4
+    mean = float(np.mean(values))
     if n < 2:
-        return mean, float("nan"), float("nan"), float("nan")
+        return mean, math.nan, math.nan, math.nan
     std = float(np.std(values, ddof=1))
     half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * std / math.sqrt(n)
     return mean, std, mean - half, mean + half
 
 
 def welch(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """Welch's t statistic and two-sided p-value of mean(a) - mean(b); NaN when undefined."""
+    """Welch's t statistic and two-sided p-value of mean(a) - mean(b); NaN unless both have 2+ values."""
     if len(a) < 2 or len(b) < 2:
-        return float("nan"), float("nan")
-    res = stats.ttest_ind(a, b, equal_var=False)
+        return math.nan, math.nan
+    if np.std(a) == 0 and np.std(b) == 0:  # no spread at all: the test is undefined
+        return math.nan, math.nan
+    with warnings.catch_warnings():  # nearly equal values: scipy warns of precision, the result stands
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = stats.ttest_ind(a, b, equal_var=False)
     return float(res.statistic), float(res.pvalue)
 
 
-def seeds_to_resolve(delta: float, std_a: float, std_b: float, alpha: float = 0.05, power: float = 0.8) -> float:
-    """Seeds per arm for a two-sample test to detect ``delta`` (normal approximation).
+def paired(a: dict[int, float], b: dict[int, float]) -> tuple[int, float, float, float]:
+    """Paired t-test over the seeds both arms have (same seed, same data order): (pairs, mean
+    difference a - b, t, two-sided p). t and p are NaN below 2 pairs or without spread."""
+    shared = sorted(set(a) & set(b))
+    diffs = np.array([a[s] - b[s] for s in shared], dtype=float)
+    if len(diffs) == 0:
+        return 0, math.nan, math.nan, math.nan
+    mean = float(diffs.mean())
+    if len(diffs) < 2 or np.std(diffs) == 0:
+        return len(diffs), mean, math.nan, math.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = stats.ttest_rel([a[s] for s in shared], [b[s] for s in shared])
+    return len(diffs), mean, float(res.statistic), float(res.pvalue)
 
-    n = 2 * ((z_{1-alpha/2} + z_{power}) * sigma / |delta|)^2, with sigma the root mean square
-    of the two arms' standard deviations (one arm's alone when the other has a single seed).
+
+def t_power(n: int, effect: float, alpha: float = ALPHA) -> float:
+    """Exact power of a two-sided two-sample t-test with ``n`` per arm at standardized ``effect``
+    (noncentral t with 2n - 2 degrees of freedom)."""
+    df = 2 * n - 2
+    crit = stats.t.ppf(1 - alpha / 2, df)
+    nc = abs(effect) * math.sqrt(n / 2)
+    return float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
+
+
+def seeds_needed(delta: float, std_a: float, std_b: float, alpha: float = ALPHA, power: float = POWER,
+                 limit: int = 100_000) -> float:
+    """Seeds per arm for a two-sample t-test (α, power) to detect ``delta`` with the observed spread.
+
+    The spread is the pooled std of the arms that have one (NaN when neither does: one seed per arm
+    cannot estimate it). Exact, from the noncentral t; never below 2 (a test needs 2 per arm).
     """
-    sds = [s for s in (std_a, std_b) if not math.isnan(s)]
-    if not sds or delta == 0:
-        return float("nan")
+    sds = [s for s in (std_a, std_b) if s == s and not math.isinf(s)]
+    if not sds or not math.isfinite(delta) or delta == 0:
+        return math.nan
     sigma = math.sqrt(sum(s * s for s in sds) / len(sds))
-    z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
-    return float(math.ceil(2 * (z * sigma / abs(delta)) ** 2))
+    if sigma == 0:
+        return 2.0
+    effect = abs(delta) / sigma
+    lo, hi = 2, 2
+    while t_power(hi, effect, alpha) < power:  # bracket, then bisect on the monotone power curve
+        lo, hi = hi, hi * 2
+        if hi > limit:
+            return math.inf
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if t_power(mid, effect, alpha) >= power:
+            hi = mid
+        else:
+            lo = mid + 1
+    return float(hi)
 
 
 MAX_STARS = 5
 
 
 def stars(delta: float) -> str:
-    """One star per 0.01 of eval-loss improvement, to the nearest half star, at most 5; ☆ for none."""
-    n = min(MAX_STARS, round(-delta / 0.01 * 2) / 2)
-    if n <= 0:
+    """The seed's scale: one ★ for any improvement plus one per 0.010 of it, down to the half star,
+    at most five; ☆ for none."""
+    if not math.isfinite(delta) or delta >= 0:
         return "☆"
+    n = min(MAX_STARS, math.floor((1 + -delta / 0.01) * 2 + 1e-9) / 2)
     return "★" * int(n) + ("½" if n % 1 else "")
+
+
+STARS_RULE = ("Quality: one ★ for any improvement over the baseline plus one per 0.010 of eval loss, "
+              "down to the half star, at most five (−0.034 ★★★★, −0.025 ★★★½); ☆ is no improvement.")

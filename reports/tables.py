@@ -1,4 +1,7 @@
-"""The results document's tables, as DataFrames computed from a run table and an evals table."""
+"""The results document's tables, as DataFrames computed from a run table and an evals table.
+
+Every number says what it is: a mean over n seeds (± their std) or one seed's value.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +10,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from attnres.tracking.states import EARLY
-from reports.stats import ReportError, eval_at, mean_ci, seeds_to_resolve, stars, welch
+from reports.stats import ReportError, eval_at, mean_ci, paired, seeds_needed, stars, welch
 
 
 def _fmt_seeds(seeds: list[int]) -> str:
@@ -16,23 +18,33 @@ def _fmt_seeds(seeds: list[int]) -> str:
     return f"{len(seeds)} {word} ({', '.join(str(s) for s in seeds)})"
 
 
-def per_variant(runs: pd.DataFrame, evals: pd.DataFrame, step: int) -> pd.DataFrame:
-    """One row per variant at ``step``: mean eval, final train, seeds, throughput, memory, mark."""
+def _num(x: float, spec: str, none: str = "—") -> str:
+    return none if x is None or not math.isfinite(x) else format(x, spec)
+
+
+def per_variant(runs: pd.DataFrame, evals: pd.DataFrame, step: int, variants: list[str] | None = None) -> pd.DataFrame:
+    """One row per variant at ``step``: seed values, their mean and std, final train loss, throughput,
+    memory, and the mark of runs that ended early."""
     at = eval_at(runs, evals, step)
+    if variants is not None:
+        at = at[at["variant"].isin(variants)]
+    at = at.sort_values("run_id").drop_duplicates(["variant", "seed"], keep="last")  # a rerun replaces its seed
     if at.empty:
         raise ReportError(f"no run has an eval loss at step {step}")
-    runs = runs.set_index("id")
+    info = runs.set_index("id")
     rows = []
     for variant, grp in at.groupby("variant", sort=False):
         ids = grp["run_id"].tolist()
         marks = sorted({m for m in grp["mark"] if m})
+        mean, std, _, _ = mean_ci(grp["eval"].to_numpy())
         rows.append({
-            "variant": variant,
-            "eval": grp["eval"].mean(),
-            "train": runs.loc[ids, "final_train_loss"].mean(),
+            "variant": variant, "eval": mean, "std": std,
+            "values": dict(zip(grp["seed"].astype(int), grp["eval"], strict=True)),
+            "run_ids": dict(zip(grp["seed"].astype(int), grp["run_id"], strict=True)),
+            "train": info.loc[ids, "final_train_loss"].mean(),
             "seeds": sorted(grp["seed"].astype(int).tolist()),
-            "tokens_per_s": runs.loc[ids, "tokens_per_s"].mean(),
-            "peak_memory_bytes": runs.loc[ids, "peak_memory_bytes"].mean(),
+            "tokens_per_s": info.loc[ids, "tokens_per_s"].mean(),
+            "peak_memory_bytes": info.loc[ids, "peak_memory_bytes"].mean(),
             "mark": "; ".join(marks),
         })
     return pd.DataFrame(rows)
@@ -45,126 +57,141 @@ def baseline_row(table: pd.DataFrame, baseline: str) -> pd.Series:
     return hit.iloc[0]
 
 
-def completed(table: pd.DataFrame, baseline: str) -> pd.DataFrame:
-    """The 'Completed experiments' table (markdown-ready strings), best first, marked rows last."""
+def value_text(mean: float, std: float, seeds: list[int]) -> str:
+    """'2.690 ± 0.006 (mean of 4)' or '2.691 (seed 1337)': the number says what it is."""
+    if len(seeds) == 1:
+        return f"{mean:.3f} (seed {seeds[0]})"
+    return f"{mean:.3f} ± {_num(std, '.3f', '?')} (mean of {len(seeds)})"
+
+
+def completed(table: pd.DataFrame, baseline: str, behind: list[tuple[str, int, int]] | None = None) -> pd.DataFrame:
+    """The main table (markdown-ready strings), best first, marked rows last; ``behind`` (variant,
+    seed, step) are runs still in progress, named in their variant's Seeds cell."""
     base = baseline_row(table, baseline)
     t = table.assign(delta=table["eval"] - base["eval"], marked=table["mark"] != "")
     t = t.sort_values(["marked", "eval"], kind="stable")
     star = {m: "*" * (i + 1) for i, m in enumerate(dict.fromkeys(m for m in t["mark"] if m))}
+    going: dict[str, list[str]] = {}
+    for variant, seed, step in behind or []:
+        going.setdefault(variant, []).append(f"s{seed} in progress, step {step:,}")
     out = pd.DataFrame({
         "Variant": t["variant"],
-        "Eval Loss": [f"{e:.3f}{star.get(m, '')}" for e, m in zip(t["eval"], t["mark"], strict=True)],
+        "Eval Loss": [value_text(e, s, seeds) + star.get(m, "")
+                      for e, s, seeds, m in zip(t["eval"], t["std"], t["seeds"], t["mark"], strict=True)],
         "Δ vs Baseline": ["—" if v == baseline else f"{d:+.3f}" for v, d in zip(t["variant"], t["delta"], strict=True)],
-        "Train Loss (final)": [f"{x:.3f}{star.get(m, '')}" if not math.isnan(x) else "—"
+        "Train Loss (final)": [_num(x, ".3f") + (star.get(m, "") if math.isfinite(x) else "")
                                for x, m in zip(t["train"], t["mark"], strict=True)],
-        "Seeds": [_fmt_seeds(s) for s in t["seeds"]],
-        "Throughput": [f"{x / 1000:.1f}k tok/s" if not math.isnan(x) else "—" for x in t["tokens_per_s"]],
+        "Seeds": [_fmt_seeds(s) + "".join(f"; {g}" for g in going.get(v, []))
+                  for v, s in zip(t["variant"], t["seeds"], strict=True)],
+        "Throughput": [_num(x / 1000, ".1f") + ("k tok/s" if math.isfinite(x) else "") for x in t["tokens_per_s"]],
     })
     out.attrs["footnotes"] = [f"{s}{m}." for m, s in star.items()]
     return out.reset_index(drop=True)
 
 
-def multi_seed(runs: pd.DataFrame, evals: pd.DataFrame, step: int, baseline: str) -> dict[str, pd.DataFrame]:
-    """For each variant with >= 2 seeds: per-seed rows, mean, std, 95% CI, Welch t vs baseline."""
-    at = eval_at(runs, evals, step)
-    at = at[at["mark"] == ""]
+def evidence(row: pd.Series, base: pd.Series) -> dict[str, float]:
+    """How sure a variant's difference from the baseline is: Δ, Welch t/p, the paired test over shared
+    seeds, and the seeds per arm an exact t-test power calculation asks for (α 0.05, power 0.8)."""
+    a, b = np.array(list(row["values"].values())), np.array(list(base["values"].values()))
+    delta = float(np.mean(a) - np.mean(b))
+    t, p = welch(a, b)
+    pairs, pdelta, pt, pp = paired(row["values"], base["values"])
+    need = seeds_needed(delta, row["std"], base["std"])
+    return {"delta": delta, "t": t, "p": p, "n": len(a), "n_base": len(b), "pairs": pairs, "paired_delta": pdelta,
+            "paired_t": pt, "paired_p": pp, "seeds_needed": need,
+            "resolved": len(a) >= 2 and len(b) >= 2 and p == p and p < 0.05}
+
+
+def multi_seed(runs: pd.DataFrame, table: pd.DataFrame, baseline: str, step: int) -> dict[str, pd.DataFrame]:
+    """For each variant with >= 2 seeds: per-seed rows, mean, std, 95% CI; its evidence in attrs."""
     train = runs.set_index("id")["final_train_loss"]
-    base = at.loc[at["variant"] == baseline, "eval"].to_numpy()
-    base_std = float(np.std(base, ddof=1)) if len(base) > 1 else float("nan")
+    base = baseline_row(table, baseline)
     out: dict[str, pd.DataFrame] = {}
-    for variant, grp in at.groupby("variant", sort=True):
-        if grp["seed"].nunique() < 2:
+    for row in table[table["mark"] == ""].sort_values("variant").itertuples(index=False):
+        row = pd.Series(row._asdict())
+        if len(row["seeds"]) < 2:
             continue
-        grp = grp.sort_values("seed")
-        vals = grp["eval"].to_numpy()
+        vals = np.array([row["values"][s] for s in row["seeds"]])
         mean, std, lo, hi = mean_ci(vals)
-        tstat, p = welch(vals, base) if variant != baseline else (float("nan"), float("nan"))
-        delta = mean - float(np.mean(base)) if len(base) else float("nan")
-        need = seeds_to_resolve(delta, std, base_std) if variant != baseline and len(base) else float("nan")
-        rows = [{"Seed": str(int(s)), f"Eval Loss @ {step}": f"{e:.3f}", "Final Train Loss": f"{train[r]:.3f}"}
-                for s, e, r in zip(grp["seed"], grp["eval"], grp["run_id"], strict=True)]
+        trains = [float(train.get(row["run_ids"][s], math.nan)) for s in row["seeds"]]
+        rows = [{"Seed": str(s), f"Eval Loss @ {step}": f"{row['values'][s]:.3f}", "Final Train Loss": _num(tr, ".3f")}
+                for s, tr in zip(row["seeds"], trains, strict=True)]
         rows.append({"Seed": "Mean", f"Eval Loss @ {step}": f"{mean:.3f}",
-                     "Final Train Loss": f"{train[grp['run_id']].mean():.3f}"})
+                     "Final Train Loss": _num(float(np.nanmean(trains)) if np.isfinite(trains).any() else math.nan,
+                                              ".3f")})
         rows.append({"Seed": "Std", f"Eval Loss @ {step}": f"{std:.4f}", "Final Train Loss": ""})
         rows.append({"Seed": "95% CI", f"Eval Loss @ {step}": f"[{lo:.3f}, {hi:.3f}]", "Final Train Loss": ""})
-        table = pd.DataFrame(rows)
-        table.attrs.update(mean=mean, std=std, ci=(lo, hi), t=tstat, p=p, delta=delta, seeds_needed=need,
-                           n_baseline=len(base))
-        out[variant] = table
+        frame = pd.DataFrame(rows)
+        frame.attrs.update(evidence(row, base) if row["variant"] != baseline else {})
+        out[row["variant"]] = frame
     return out
 
 
-def family_comparison(runs: pd.DataFrame, evals: pd.DataFrame, members: list[str], baseline: str,
-                      label: str = "Shallow") -> tuple[pd.DataFrame, int, list[str]] | None:
-    """Members vs the baseline at the largest step all their live runs reached.
+def family(table: pd.DataFrame, baseline: str, label: str = "Shallow") -> pd.DataFrame:
+    """A comparison group's table against ``baseline`` (named with ``label``), best first."""
+    base = baseline_row(table, baseline)
+    t = table.sort_values("eval", kind="stable")
+    step_col = f"Eval @ {int(table.attrs.get('step', 0))}" if "step" in table.attrs else "Eval"
+    return pd.DataFrame({
+        "Model": [f"{label} {v}" if v == baseline else v for v in t["variant"]],
+        step_col: [value_text(e, s, seeds) for e, s, seeds in zip(t["eval"], t["std"], t["seeds"], strict=True)],
+        f"Δ vs {label} Baseline": ["—" if v == baseline else f"{e - base['eval']:+.3f}"
+                                   for v, e in zip(t["variant"], t["eval"], strict=True)],
+    }).reset_index(drop=True)
 
-    Returns (table, step, notes for members still too early) or None if nothing is comparable.
-    """
-    pool = runs[runs["variant"].isin([*members, baseline]) & ~runs["status"].isin(EARLY)]
-    if pool.empty or baseline not in set(pool["variant"]):
-        return None
-    reached = {v: set.intersection(*[set(evals.loc[evals["run_id"] == rid, "step"]) for rid in g["id"]])
-               for v, g in pool.groupby("variant")}
-    base_steps = reached.pop(baseline)
-    best: tuple[int, list[str]] | None = None
-    for step in sorted(base_steps, reverse=True):
-        ready = [v for v, s in reached.items() if step in s]
-        if ready and (best is None or len(ready) > len(best[1])):
-            best = (step, ready)
-    if best is None or best[0] == 0:
-        return None
-    step, ready = best
-    at = eval_at(pool, evals, step).groupby("variant")["eval"].mean()
-    rows = [(v, at[v]) for v in [*ready, baseline]]
-    rows.sort(key=lambda r: r[1])
-    table = pd.DataFrame({
-        "Model": [f"{label} {v}" if v == baseline else v for v, _ in rows],
-        f"Eval @ {step}": [f"{e:.3f}" for _, e in rows],
-        f"Δ vs {label} Baseline": ["—" if v == baseline else f"{e - at[baseline]:+.3f}" for v, e in rows],
-    })
-    notes = []
-    for v in members:
-        if v in reached and v not in ready:
-            last = int(evals.loc[evals["run_id"].isin(pool.loc[pool["variant"] == v, "id"]), "step"].max())
-            notes.append(f"{v} still too early to compare (step ~{last}).")
-    return table, step, notes
+
+VERDICT_RULE = ("Verdict: an improvement counts only when it is resolved: Welch's t-test against the baseline "
+                "gives p < 0.05 with at least 2 seeds on both sides. Of the resolved improvements the largest "
+                "is *Best quality* and the largest per unit of cost (speed cost % + memory cost %, at least 1) "
+                "is *Best quality/cost ratio* (one variant may earn both); the rest are *Solid* at ≥ 0.020, "
+                "else *Modest*. An unresolved one says how many seeds per arm an exact two-sample t-test "
+                "(α 0.05, power 0.8) needs to resolve it. Δ ≥ 0 is *Not worth it*. Runs that ended early "
+                "are left out.")
+
+
+def _unresolved(ev: dict[str, float]) -> str:
+    if ev["n"] < 2 and ev["n_base"] < 2:
+        return "Unresolved: one seed per arm cannot be tested; run ≥ 2 seeds of each"
+    need = ev["seeds_needed"]
+    what = f"p = {ev['p']:.2f}" if ev["p"] == ev["p"] else f"{ev['n']} vs {ev['n_base']} seeds"
+    if need != need:
+        return f"Unresolved ({what}): run ≥ 2 seeds of each"
+    count = "more than 100,000" if math.isinf(need) else f"~{need:.0f}"
+    return f"Unresolved ({what}): {count} seeds per arm to resolve"
 
 
 def cost_benefit(table: pd.DataFrame, baseline: str) -> pd.DataFrame:
-    """Quality Δ (stars), speed and memory cost vs baseline (%), and a verdict per variant.
-
-    Verdict rule (stated in the document): Δ >= 0 is "Not worth it"; among improvements the
-    largest is "Best quality", the largest improvement per unit of cost (speed cost % + memory
-    cost %, at least 1) is "Best quality/cost ratio"; others are "Solid" with >= 2 stars,
-    else "Modest". Early-ended variants are left out.
-    """
+    """Quality Δ (stars), speed and memory cost vs baseline (%), and a verdict per variant (VERDICT_RULE)."""
+    cols = ["Variant", "Quality (eval Δ)", "Speed Cost", "Memory Cost", "Verdict"]
     base = baseline_row(table, baseline)
     t = table[(table["variant"] != baseline) & (table["mark"] == "")].copy()
     if t.empty:
-        return pd.DataFrame(columns=["Variant", "Quality (eval Δ)", "Speed Cost", "Memory Cost", "Verdict"])
-    t["delta"] = t["eval"] - base["eval"]
+        return pd.DataFrame(columns=cols)
+    ev = {i: evidence(r, base) for i, r in t.iterrows()}
+    t["delta"] = [ev[i]["delta"] for i in t.index]
     t["speed"] = (t["tokens_per_s"] / base["tokens_per_s"] - 1) * 100
     t["memory"] = (t["peak_memory_bytes"] / base["peak_memory_bytes"] - 1) * 100
     cost = (t["speed"].clip(upper=0).abs() + t["memory"].clip(lower=0)).clip(lower=1).fillna(1)
     t["ratio"] = -t["delta"] / cost
-    better = t[t["delta"] < 0]
-    best_q = better["delta"].idxmin() if len(better) else None
-    best_r = better["ratio"].idxmax() if len(better) else None
+    good = t[(t["delta"] < 0) & pd.Series([bool(ev[i]["resolved"]) for i in t.index], index=t.index)]
+    best_q = good["delta"].idxmin() if len(good) else None
+    best_r = good["ratio"].idxmax() if len(good) else None
 
     def verdict(i: int, row: pd.Series) -> str:
         if row["delta"] >= 0:
             return "Not worth it"
-        if i == best_q:
-            return "Best quality"
-        if i == best_r:
-            return "Best quality/cost ratio"
+        if i not in good.index:
+            return _unresolved(ev[i])
+        earned = [name for name, who in (("Best quality", best_q), ("Best quality/cost ratio", best_r)) if i == who]
+        if earned:
+            return "; ".join(earned)
         return "Solid" if -row["delta"] >= 0.02 else "Modest"
 
     t = t.sort_values("delta")
     return pd.DataFrame({
         "Variant": t["variant"],
         "Quality (eval Δ)": [f"{stars(d)} ({d:+.3f})" for d in t["delta"]],
-        "Speed Cost": [f"{s:+.0f}%" if not math.isnan(s) else "—" for s in t["speed"]],
-        "Memory Cost": [f"{m:+.0f}%" if not math.isnan(m) else "—" for m in t["memory"]],
+        "Speed Cost": [_num(s, "+.0f") + ("%" if math.isfinite(s) else "") for s in t["speed"]],
+        "Memory Cost": [_num(m, "+.0f") + ("%" if math.isfinite(m) else "") for m in t["memory"]],
         "Verdict": [verdict(i, r) for i, r in t.iterrows()],
-    }).reset_index(drop=True)
+    }, columns=cols).reset_index(drop=True)

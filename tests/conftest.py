@@ -27,9 +27,21 @@ FAST = ["--set", "batch_size=4", "--set", "eval_batches=2", "--set", "eval_every
 
 
 # The issue's tiny run: 150 steps, every step logged (5 values a step) and evals every 25 steps.
-ISSUE_RUN = ["--set", "n_layer=1", "--set", "d_model=32", "--set", "n_head=2", "--set", "batch_size=2",
-             "--set", "seq_len=32", "--steps", "150", "--set", "log_every=1", "--set", "eval_batches=1"]
-ISSUE_ROWS = 150 * 5 + 7  # train_loss, lr, grad_norm, tokens_per_s, peak_memory_bytes; eval at 0, 25, ..., 150
+# The issue's run: 150 steps with the fault at step 50 (ATTNRES_FAULT_STEPS changes the length; the
+# fault must still find the run going, so not much shorter).
+ISSUE_STEPS = int(os.environ.get("ATTNRES_FAULT_STEPS", "150"))
+ISSUE_MID = ISSUE_STEPS // 3
+
+
+def issue_run(steps: int = ISSUE_STEPS) -> list[str]:
+    """The issue's tiny run at ``steps`` steps: every step logged, an eval every 25 steps."""
+    return ["--set", "n_layer=1", "--set", "d_model=32", "--set", "n_head=2", "--set", "batch_size=2",
+            "--set", "seq_len=32", "--steps", str(steps), "--set", "log_every=1", "--set", "eval_batches=1"]
+
+
+ISSUE_RUN = issue_run()
+# train_loss, lr, grad_norm, tokens_per_s, peak_memory_bytes each step; eval at 0, 25, ... and the last step
+ISSUE_ROWS = ISSUE_STEPS * 5 + len(set(range(0, ISSUE_STEPS + 1, 25)) | {ISSUE_STEPS})
 
 
 def queue_pid(stdout: str) -> int:
@@ -165,3 +177,20 @@ def pg_url():
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
+
+
+def database_at(db: Path, revision: str, preset: str = "tiny") -> None:
+    """A SQLite file at an older schema ``revision`` holding one finished run (of ``preset``)."""
+    from alembic import command
+    from sqlalchemy import create_engine
+
+    from attnres.tracking.db import _alembic
+
+    engine = create_engine(f"sqlite:///{db}")
+    with engine.begin() as conn:
+        command.upgrade(_alembic(conn), revision)
+        conn.exec_driver_sql(
+            "insert into runs (variant, seed, preset, data, config_json, config_hash, status, total_steps, step, "
+            f"created_at, world_size) values ('standard', 7, '{preset}', 'builtin', '{{}}', 'x', 'finished', 10, 10, "
+            "'2026-01-01 00:00:00', 1)")
+    engine.dispose()

@@ -13,10 +13,9 @@ import textwrap
 
 import psutil
 import pytest
-from alembic import command
-from conftest import FAST, attnres, runs, train_steps, wait_for
+from conftest import FAST, attnres, database_at, runs, train_steps, wait_for
 
-from attnres.tracking.db import HEAD, _alembic
+from attnres.tracking.db import HEAD
 from attnres.tracking.store import metrics_frame
 
 PG = os.environ.get("ATTNRES_TEST_PG_URL")
@@ -156,17 +155,8 @@ def test_locked_database_is_one_line(workdir, monkeypatch):
 
 
 def test_older_schema_is_refused_then_upgraded_keeping_its_runs(workdir):
-    from sqlalchemy import create_engine
-
     db = workdir / "runs.db"
-    engine = create_engine(f"sqlite:///{db}")
-    with engine.begin() as conn:
-        command.upgrade(_alembic(conn), "0001")
-        conn.exec_driver_sql(
-            "insert into runs (variant, seed, preset, data, config_json, config_hash, status, total_steps, step, "
-            "created_at, world_size) values ('standard', 7, 'tiny', 'builtin', '{}', 'x', 'finished', 10, 10, "
-            "'2026-01-01 00:00:00', 1)")
-    engine.dispose()
+    database_at(db, "0001")
     before = sha(db)
     proc = attnres("status")
     assert proc.returncode == 2 and "older" in proc.stderr and "attnres db upgrade" in proc.stderr

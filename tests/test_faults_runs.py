@@ -1,4 +1,4 @@
-"""Faults mid-run (around step 50 of the issue's tiny run), with real torchrun processes and real SQLite.
+"""Faults mid-run (a third of the way through the issue's tiny run), with real torchrun processes and real SQLite.
 
 Each ends in one clear, consistent and resumable state, with no metric row lost. FAULT-TABLE lines
 are printed for the README's table (``pytest -s -k faults``).
@@ -14,7 +14,19 @@ import sys
 import time
 
 import pytest
-from conftest import ISSUE_ROWS, ISSUE_RUN, attnres, metric_rows, queue_pid, runs, train_steps, wait_for
+from conftest import (
+    ISSUE_MID,
+    ISSUE_ROWS,
+    ISSUE_RUN,
+    ISSUE_STEPS,
+    attnres,
+    issue_run,
+    metric_rows,
+    queue_pid,
+    runs,
+    train_steps,
+    wait_for,
+)
 
 from attnres.backends.local import process_alive
 
@@ -30,7 +42,7 @@ def at_step(workdir, n: int, run: int = 0) -> dict:
 
 def test_database_deleted_mid_run_loses_nothing_and_sync_rebuilds_it(workdir):
     out = attnres("launch", "standard", "--seeds", "1", *ISSUE_RUN, "--detach", check=True).stdout
-    at_step(workdir, 50)
+    at_step(workdir, ISSUE_MID)
     for suffix in ("", "-wal", "-shm"):
         (workdir / f"runs.db{suffix}").unlink(missing_ok=True)
     wait_for(lambda: not process_alive(queue_pid(out)))  # the queue settled the run and left
@@ -39,14 +51,14 @@ def test_database_deleted_mid_run_loses_nothing_and_sync_rebuilds_it(workdir):
     assert "1 run(s) recreated" in synced
     rows = metric_rows(workdir / "runs.db")
     print(f"FAULT-TABLE runs.db deleted mid-run: {rows} of {ISSUE_ROWS} rows after sync, {ISSUE_ROWS - rows} lost")
-    assert rows == ISSUE_ROWS and train_steps(workdir / "runs.db") == list(range(1, 151))
+    assert rows == ISSUE_ROWS and train_steps(workdir / "runs.db") == list(range(1, ISSUE_STEPS + 1))
     r = runs(workdir)[0]
-    assert (r["status"], r["step"]) == ("finished", 150)
+    assert (r["status"], r["step"]) == ("finished", ISSUE_STEPS)
 
 
 def test_garbled_spool_lines_are_kept_aside_and_every_good_line_is_ingested(workdir):
     out = attnres("launch", "standard", "--seeds", "1", *ISSUE_RUN, "--detach", check=True).stdout
-    at_step(workdir, 50)
+    at_step(workdir, ISSUE_MID)
     spool = workdir / "logs" / "run-1.spool.jsonl"
     junk = [b"\xff\xfe\xfd not utf-8\n", b'{"r": 1, "s": 7, "k": "train_lo\n',
             b'{"r": 1, "s": "x", "k": "a", "v": 1}\n']
@@ -67,7 +79,7 @@ def test_garbled_spool_lines_are_kept_aside_and_every_good_line_is_ingested(work
 
 def test_sigkill_of_torchrun_ends_its_worker_and_the_run_stays_failed(workdir):
     attnres("launch", "standard", "--seeds", "1", *ISSUE_RUN, "--detach", check=True)
-    run = at_step(workdir, 50)
+    run = at_step(workdir, ISSUE_MID)
     os.kill(run["agent_pid"], signal.SIGKILL)
     wait_for(lambda: not process_alive(run["pid"]))  # the worker dies with its torchrun
     wait_for(lambda: runs(workdir)[0]["status"] == "failed")
@@ -77,11 +89,11 @@ def test_sigkill_of_torchrun_ends_its_worker_and_the_run_stays_failed(workdir):
           f"{len(steps)} logged steps, none lost")
     assert steps == list(range(1, len(steps) + 1)) and "signal 9" in r["message"]
     out = attnres("resume", "1", check=True).stdout  # and it resumes
-    assert "run 1: finished" in out and train_steps(workdir / "runs.db") == list(range(1, 151))
+    assert "run 1: finished" in out and train_steps(workdir / "runs.db") == list(range(1, ISSUE_STEPS + 1))
 
 
 def test_a_long_write_lock_neither_blocks_status_nor_fails_a_live_run(workdir, monkeypatch):
-    attnres("launch", "standard", "--seeds", "1", *[a if a != "150" else "400" for a in ISSUE_RUN], "--detach",
+    attnres("launch", "standard", "--seeds", "1", *issue_run(400), "--detach",
             check=True)
     at_step(workdir, 20)
     holder = sqlite3.connect(workdir / "runs.db", isolation_level=None)
@@ -112,45 +124,48 @@ def small_disk(workdir):
 
 def test_disk_full_where_logs_and_spool_live(workdir, small_disk):
     out = attnres("launch", "standard", "--seeds", "1", *ISSUE_RUN, "--detach", check=True).stdout
-    at_step(workdir, 50)
+    at_step(workdir, ISSUE_MID)
     subprocess.run(["dd", "if=/dev/zero", f"of={small_disk / 'fill'}", "bs=64k"], capture_output=True)  # full
     wait_for(lambda: not process_alive(queue_pid(out)))
     r = runs(workdir)[0]
     rows = metric_rows(workdir / "runs.db")
-    print(f"FAULT-TABLE disk full (logs, spool): run {r['status']} at {r['step']}/150, exit {r['exit_code']}, "
+    print(f"FAULT-TABLE disk full (logs, spool): run {r['status']} at {r['step']}/{ISSUE_STEPS}, "
+          f"exit {r['exit_code']}, "
           f"{rows} of {ISSUE_ROWS} rows")
-    assert (r["status"], r["step"], r["exit_code"], rows) == ("finished", 150, 0, ISSUE_ROWS) and r["ended_at"]
+    assert (r["status"], r["step"], r["exit_code"], rows) == ("finished", ISSUE_STEPS, 0, ISSUE_ROWS) and r["ended_at"]
 
 
 def test_a_cut_checkpoint_falls_back_to_the_previous_one_and_restart_starts_over(workdir):
     attnres("launch", "standard", "--seeds", "1", *ISSUE_RUN, "--set", "checkpoint_every=10", "--detach", check=True)
-    at_step(workdir, 50)
+    at_step(workdir, ISSUE_MID)
     attnres("kill", "1", check=True)
     last = workdir / "checkpoints" / "run-1" / "last.pt"
     last.write_bytes(last.read_bytes()[:2000])
     out = attnres("resume", "1", check=True).stdout
     log = (workdir / "logs" / "run-1.log").read_text()
     assert "run 1: finished" in out and "is unreadable; continuing from prev.pt" in log
-    assert train_steps(workdir / "runs.db") == list(range(1, 151))
+    assert train_steps(workdir / "runs.db") == list(range(1, ISSUE_STEPS + 1))
     print("FAULT-TABLE cut checkpoint: resumed from prev.pt, finished, 0 rows lost")
     attnres("kill", "--all")
     again = attnres("resume", "1")
     assert again.returncode == 2 and "only failed, killed, preempted" in again.stderr
     # a killed run can be started over instead: its checkpoints are set aside, its metrics dropped
-    short = [a if a != "150" else "200" for a in ISSUE_RUN]  # --steps 200
+    short = issue_run(30)
     attnres("launch", "standard", "--seeds", "2", *short, "--set", "checkpoint_every=2", "--detach", check=True)
     wait_for(lambda: len(runs(workdir)) == 2 and runs(workdir)[1]["step"] >= 5)
     attnres("kill", "2", check=True)
     restarted = attnres("resume", "2", "--restart", check=True).stdout
     assert "run 2: finished" in restarted and (workdir / "checkpoints" / "run-2.restart-1").is_dir()
-    assert train_steps(workdir / "runs.db", 2) == list(range(1, 201))
+    assert train_steps(workdir / "runs.db", 2) == list(range(1, 31))
 
 
 def test_ctrl_c_on_a_foreground_grid_preempts_it_and_a_relaunch_continues_it(workdir):
-    args = ["launch", "standard", "--seeds", "1", "2", *ISSUE_RUN, "--set", "checkpoint_every=40"]
+    args = ["launch", "standard", "--seeds", "1", "2", *ISSUE_RUN, "--set", f"checkpoint_every={ISSUE_MID}"]
+    # as from a terminal: SIGINT handled even when the suite itself runs as a background job (which ignores it)
     cli = subprocess.Popen([sys.executable, "-m", "cli.main", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, env=os.environ | {"COLUMNS": "200"})
-    first = at_step(workdir, 30)
+                           text=True, env=os.environ | {"COLUMNS": "200"},
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    first = at_step(workdir, ISSUE_MID + 2)
     cli.send_signal(signal.SIGINT)
     out, err = cli.communicate(timeout=300)
     assert cli.returncode == 130, (out, err)
@@ -161,16 +176,16 @@ def test_ctrl_c_on_a_foreground_grid_preempts_it_and_a_relaunch_continues_it(wor
     assert not process_alive(first["pid"]) and (workdir / "checkpoints" / "run-1" / "last.pt").exists()
     again = attnres(*args, check=True).stdout
     assert "resume run 1" in again and "resume run 2" in again and "run 2: finished" in again
-    assert [train_steps(workdir / "runs.db", r) for r in (1, 2)] == [list(range(1, 151))] * 2
+    assert [train_steps(workdir / "runs.db", r) for r in (1, 2)] == [list(range(1, ISSUE_STEPS + 1))] * 2
     print("FAULT-TABLE Ctrl-C on a foreground grid: 2 runs preempted, relaunch finished both, 0 rows lost")
 
 
 def test_a_second_queue_waits_for_the_machines_one_cpu_slot(workdir):
-    attnres("launch", "standard", "--seeds", "7", *[a if a != "150" else "10" for a in ISSUE_RUN], check=True)
+    attnres("launch", "standard", "--seeds", "7", *issue_run(10), check=True)
     attnres("kill", "--all")
     with sqlite3.connect(workdir / "runs.db") as conn:  # a finished run made resumable, as a killed one is
         conn.execute("update runs set status = 'killed'")
-    first = attnres("launch", "standard", "--seeds", "8", *[a if a != "150" else "80" for a in ISSUE_RUN], "--detach",
+    first = attnres("launch", "standard", "--seeds", "8", *issue_run(80), "--detach",
                     check=True)
     at_step(workdir, 5, run=1)
     second = attnres("resume", "1", "--detach", check=True)

@@ -13,8 +13,8 @@ from attnres.tracking import states, store
 from attnres.tracking.db import get_engine
 from attnres.variants import resolve_run
 
-BASE = {42: 3.00, 1337: 3.10, 123: 3.20}  # standard's eval loss at step 100
-HYBRID = {42: 2.90, 1337: 2.94, 123: 2.99, 456: 3.01}
+BASE = {42: 3.00, 1337: 3.04, 123: 3.08}  # standard's eval loss at step 100
+HYBRID = {42: 2.90, 1337: 2.92, 123: 2.95, 456: 2.93}
 
 
 def add_run(engine, variant, seed, final_eval, *, steps=100, tps=1000.0, mem=1e9, status="finished",
@@ -44,8 +44,8 @@ def db(workdir):
     add_run(engine, "control_block", 42, 3.02, tps=900, mem=1.2e9)
     add_run(engine, "block_rope_depth", 42, 3.5, status="diverged", stop_step=50)
     add_run(engine, "block_sparse_depth", 42, 3.3, status="stopped", stop_step=75)
-    add_run(engine, "deep_baseline", 42, 3.2, steps=200, tps=600)
-    add_run(engine, "deep_control_block", 42, 2.9, steps=200, tps=500)
+    add_run(engine, "deep_baseline", 42, 3.2, tps=600)
+    add_run(engine, "deep_control_block", 42, 2.9, tps=500)
     return engine
 
 
@@ -54,8 +54,9 @@ def test_report_has_exact_statistics(db, workdir):
     text = (workdir / "r.md").read_text()
     base, hyb = np.array(list(BASE.values())), np.array(list(HYBRID.values()))
     # completed experiments: seed means and Δ
-    assert f"|{hyb.mean():.3f}|" in text.replace(" ", "")
+    assert f"| {hyb.mean():.3f} ± {hyb.std(ddof=1):.3f} (mean of 4) " in text  # a mean says it is one
     assert f"{hyb.mean() - base.mean():+.3f}" in text
+    assert "| 3.020 (seed 42) " in text  # a single seed says which
     assert "4 seeds (42, 123, 456, 1337)" in text and "3 seeds (42, 123, 1337)" in text
     # multi-seed: std, CI and Welch's t against scipy
     std = hyb.std(ddof=1)
@@ -66,17 +67,24 @@ def test_report_has_exact_statistics(db, workdir):
     assert f"Welch t = {t.statistic:.3f}, p = {t.pvalue:.4f}" in text
     # marks for early-ended runs, as the document's footnote
     # (their last evals: 10 + (3.5 - 10) * 50/100 and 10 + (3.3 - 10) * 75/100)
-    assert "4.975*" in text and "*Stopped early at step 75." in text
-    assert "6.750**" in text and "**Diverged at step 50." in text
-    # cost/benefit: exact percentages, stated rule
-    assert "| block_hybrid_memory | ★★★★★ (-0.140)" in text
-    assert "| control_block       | ★★★★★ (-0.080)" in text
-    assert "-20%" in text and "+50%" in text and "Best quality" in text
-    assert "one ★ per 0.010 of eval-loss improvement" in text and "Best quality/cost ratio" in text
+    assert "4.975 (seed 42)*" in text and "*Stopped early at step 75." in text
+    assert "6.750 (seed 42)**" in text and "**Diverged at step 50." in text
+    pairs = stats.ttest_rel([HYBRID[s] for s in BASE], list(BASE.values()))  # seeds 42, 1337, 123
+    mean_diff = np.mean([HYBRID[s] - BASE[s] for s in BASE])
+    assert f"paired over 3 shared seed(s): Δ {mean_diff:+.4f}, t = {pairs.statistic:.3f}, " \
+           f"p = {pairs.pvalue:.4f}" in text
+    # cost/benefit: exact percentages, stated rule; one variant earns both verdicts, resolved (p < 0.05)
+    assert t.pvalue < 0.05
+    assert "| block_hybrid_memory | ★★★★★ (-0.115)" in text and "Best quality; Best quality/cost ratio" in text
+    assert "| control_block       | ★★★★★ (-0.020)" not in text  # 3.02 - 3.04 = -0.020: ★★★
+    assert "| control_block       | ★★★ (-0.020)" in text
+    assert "Unresolved (1 vs 3 seeds)" in text  # one seed: no verdict of quality, however good it looks
+    assert "-20%" in text and "+50%" in text
+    assert "one ★ for any improvement" in text and "p < 0.05" in text
     # deep family against the shallow baseline at their common step (100)
     assert "## Deep Variants" in text and "Eval @ 100" in text
-    assert "![Eval loss curves](reports/eval_curves.png)" in text
-    assert (workdir / "reports" / "eval_curves.png").stat().st_size > 10_000
+    assert "![Δ eval loss vs the baseline over steps](reports/delta_curves.png)" in text
+    assert (workdir / "reports" / "delta_curves.png").stat().st_size > 10_000
 
 
 def test_report_is_identical_when_run_twice(db, workdir):
@@ -88,7 +96,7 @@ def test_report_is_identical_when_run_twice(db, workdir):
 def test_report_at_a_chosen_step(db, workdir):
     attnres("report", "--out", "r.md", "--step", "50", "--no-plots", check=True)
     text = (workdir / "r.md").read_text()
-    assert "Eval loss at step 50" in text
+    assert "at step 50 of 100 (asked for with --step)" in text
     assert f"{10 + (3.0 - 10) * 0.5:.3f}" in text  # standard seed 42 halfway down
 
 
@@ -136,7 +144,7 @@ def test_export_then_import_reproduces_the_report(db, workdir):
     orig = (workdir / "orig.md").read_text()
     imported = (workdir / "imported.md").read_text()
     # The tables match; imported runs differ only in their (absent) original configs.
-    for section in ("## Completed Experiments", "## Multi-Seed Results", "## Cost/Benefit Summary"):
+    for section in ("## Results", "## Multi-Seed Results", "## Cost/Benefit Summary", "## Deep Variants"):
         assert orig.split(section)[1][:400] == imported.split(section)[1][:400]
 
 

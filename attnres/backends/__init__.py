@@ -151,8 +151,8 @@ def kill(engine: Engine, run_ids: Sequence[int]) -> list[int]:
         run = store.get_run(engine, rid)
         if states.transition(engine, rid, states.KILLED, states.USER, ended_at=store.now(),
                              message="killed by attnres kill"):
-            if run.status in states.ACTIVE:  # a preempted run has no process left to stop
-                get(run.backend or "local").kill(run)
+            if run.status in states.ACTIVE and (run.backend or "local") in REGISTRY:  # (an imported
+                get(run.backend or "local").kill(run)  # run has no process here; a preempted one has none)
             killed.append(rid)
     return killed
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 from sqlalchemy import Engine, func, select
 
-from attnres.tracking import store
+from attnres.tracking import depth_maps, store
 from attnres.tracking.schema import Metric, MetricKey
 from attnres.tracking.states import EARLY
 from attnres.variants import superseded
@@ -39,6 +39,7 @@ class Results:
     evals: pd.DataFrame
     step: int | None
     superseded: pd.DataFrame = field(default_factory=pd.DataFrame)
+    maps: pd.DataFrame = field(default_factory=pd.DataFrame)  # depth maps: each run's last one
 
 
 def _per_run(engine: Engine, key: str, agg: object, run_ids: list[int], column: object = None) -> pd.Series:
@@ -71,8 +72,15 @@ def _common_step(engine: Engine, runs: pd.DataFrame, last_step: pd.Series) -> in
     return max(shared) if shared else None
 
 
-def load_results(engine: Engine, variants: list[str] | None = None, step: int | None = None) -> Results:
-    runs = store.runs_frame(engine)
+def run_table(engine: Engine, experiment: str | None = None, preset: str | None = None) -> pd.DataFrame:
+    """The run rows (of one experiment or preset, or all): what a report picks its scope from."""
+    return store.runs_frame(engine, experiment=experiment, preset=preset)
+
+
+def load_results(engine: Engine, variants: list[str] | None = None, step: int | None = None,
+                 runs: pd.DataFrame | None = None) -> Results:
+    """What a report is computed from, for ``runs`` (default: all) of ``variants`` (default: all)."""
+    runs = store.runs_frame(engine) if runs is None else runs
     if variants is not None:
         runs = runs[runs["variant"].isin(variants)]
     old = [superseded(v, c) for v, c in zip(runs["variant"], runs["config_json"], strict=True)]
@@ -114,4 +122,4 @@ def load_results(engine: Engine, variants: list[str] | None = None, step: int | 
     runs["tokens_per_s"] = _per_run(engine, "tokens_per_s", func.avg, ids) if ids else float("nan")
     runs["peak_memory_bytes"] = _per_run(engine, "peak_memory_bytes", func.max, ids) if ids else float("nan")
     return Results(runs.reset_index(drop=True), evals.sort_values(["run_id", "step"], ignore_index=True), common,
-                   old_runs)
+                   old_runs, depth_maps.maps(engine, ids))

@@ -48,6 +48,8 @@ class Run(Base):
     agent_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)  # torchrun's process (group)
     job_id: Mapped[str | None] = mapped_column(String(64), nullable=True)  # SLURM job id
     rule_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # early-stop rule, if any
+    experiment: Mapped[str] = mapped_column(String(128), index=True, default="")  # what reports group by
+    device: Mapped[str | None] = mapped_column(String(128), nullable=True)  # what trained it, e.g. "cpu"
 
     # one active (queued or running: attnres.tracking.states.ACTIVE) run per config, whoever launches it
     __table_args__ = (Index("ux_runs_active_config", "config_hash", unique=True,
@@ -70,6 +72,22 @@ class Metric(Base):
     value: Mapped[float] = mapped_column(Float)
 
     __table_args__ = (Index("ix_metrics_key_step", "key_id", "step"),)
+
+
+class DepthWeight(Base):
+    """A depth-attention map: at an eval, a site's mean softmax weight on one of its sources.
+
+    ``site`` is a step's input (0-based; the last is the readout before the final norm); ``source``
+    names what it attends to: ``embedding``, ``block K``, ``partial`` or ``recent J`` (newest first).
+    """
+
+    __tablename__ = "depth_weights"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    site: Mapped[int] = mapped_column(Integer, primary_key=True)
+    source: Mapped[str] = mapped_column(String(32), primary_key=True)
+    weight: Mapped[float] = mapped_column(Float)
 
 
 class Meta(Base):

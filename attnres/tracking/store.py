@@ -19,8 +19,8 @@ from sqlalchemy.orm import Session
 from attnres import paths
 from attnres.config import RunConfig
 from attnres.errors import AttnresError
-from attnres.tracking import states
-from attnres.tracking.schema import Metric, MetricKey, Run
+from attnres.tracking import depth_maps, states
+from attnres.tracking.schema import DepthWeight, Metric, MetricKey, Run
 
 
 def now() -> datetime:
@@ -32,7 +32,8 @@ def create_run(engine: Engine, cfg: RunConfig, world_size: int = 1, git_commit: 
                **columns: object) -> int:
     """Insert a run row for ``cfg`` (a queued run of the launcher's, by default) and return its id."""
     return states.create(engine, actor, status, variant=cfg.variant, seed=cfg.seed,
-                         preset=cfg.preset, data=cfg.data, config_json=cfg.to_json(), config_hash=cfg.config_hash,
+                         preset=cfg.preset, experiment=cfg.experiment_name, data=cfg.data,
+                         config_json=cfg.to_json(), config_hash=cfg.config_hash,
                          total_steps=cfg.train.steps, step=0, created_at=now(), world_size=world_size,
                          git_commit=git_commit, log_path=log_path, **columns)
 
@@ -106,28 +107,40 @@ def _insert_ignore(engine: Engine, table: type) -> object:
 
 
 def log_metrics(engine: Engine, run_id: int, rows: Sequence[tuple[int, str, float]]) -> int:
-    """Insert (step, key, value) rows for one run in one transaction; returns rows given."""
+    """Insert (step, key, value) rows for one run in one transaction; returns rows given.
+
+    Depth-attention weights (keys of :mod:`attnres.tracking.depth_maps`) go to their own table.
+    """
     if not rows:
         return 0
-    ids = key_ids(engine, {k for _, k, _ in rows})
-    payload = [{"run_id": run_id, "key_id": ids[k], "step": st, "value": float(v)} for st, k, v in rows]
+    metrics, weights = depth_maps.split(rows)
+    ids = key_ids(engine, {k for _, k, _ in metrics}) if metrics else {}
+    payload = [{"run_id": run_id, "key_id": ids[k], "step": st, "value": float(v)} for st, k, v in metrics]
     with engine.begin() as conn:
-        conn.execute(_insert_ignore(engine, Metric), payload)
+        if payload:
+            conn.execute(_insert_ignore(engine, Metric), payload)
+        if weights:
+            conn.execute(_insert_ignore(engine, DepthWeight), [{"run_id": run_id, **w} for w in weights])
     return len(rows)
 
 
 # -- reads ---------------------------------------------------------------------------------------
-RUN_COLUMNS = ["id", "variant", "seed", "preset", "data", "status", "step", "total_steps",
+RUN_COLUMNS = ["id", "variant", "seed", "preset", "experiment", "device", "data", "status", "step", "total_steps",
                "created_at", "started_at", "ended_at", "heartbeat_at", "pid", "host",
                "exit_code", "stop_step", "message", "config_hash", "config_json", "world_size",
                "git_commit", "log_path", "backend", "agent_pid", "job_id", "rule_json"]
 
 
-def runs_frame(engine: Engine, statuses: Sequence[str] | None = None) -> pd.DataFrame:
-    """All runs (optionally by status) as a DataFrame, one row each."""
+def runs_frame(engine: Engine, statuses: Sequence[str] | None = None, experiment: str | None = None,
+               preset: str | None = None) -> pd.DataFrame:
+    """All runs (optionally by status, experiment, preset) as a DataFrame, one row each."""
     q = select(*[getattr(Run, c) for c in RUN_COLUMNS]).order_by(Run.id)
     if statuses:
         q = q.where(Run.status.in_(statuses))
+    if experiment is not None:
+        q = q.where(Run.experiment == experiment)
+    if preset is not None:
+        q = q.where(Run.preset == preset)
     with engine.connect() as conn:
         return pd.DataFrame(conn.execute(q).all(), columns=RUN_COLUMNS)
 
@@ -167,25 +180,37 @@ def active_runs(engine: Engine) -> list[Run]:
         return runs
 
 
-def all_metrics(engine: Engine) -> pd.DataFrame:
-    """Every metric row (run_id, key, step, value), ordered: what ``attnres export`` writes."""
+def all_metrics(engine: Engine, run_ids: Sequence[int] | None = None) -> pd.DataFrame:
+    """Every metric row (run_id, key, step, value) of the runs (default all), depth maps as their keys,
+    ordered: what ``attnres export`` writes and ``attnres import`` reads back."""
     q = (select(Metric.run_id, MetricKey.name.label("key"), Metric.step, Metric.value)
-         .join(MetricKey, MetricKey.id == Metric.key_id).order_by(Metric.run_id, MetricKey.name, Metric.step))
+         .join(MetricKey, MetricKey.id == Metric.key_id))
+    w = select(DepthWeight.run_id, DepthWeight.site, DepthWeight.source, DepthWeight.step, DepthWeight.weight)
+    if run_ids is not None:
+        q = q.where(Metric.run_id.in_(list(run_ids)))
+        w = w.where(DepthWeight.run_id.in_(list(run_ids)))
+    cols = ["run_id", "key", "step", "value"]
     with engine.connect() as conn:
-        return pd.DataFrame(conn.execute(q).all(), columns=["run_id", "key", "step", "value"])
+        rows = pd.DataFrame(conn.execute(q).all(), columns=cols)
+        maps = [(r, depth_maps.key(site, src), st, v) for r, site, src, st, v in conn.execute(w).all()]
+    if maps:
+        rows = pd.concat([rows, pd.DataFrame(maps, columns=cols)], ignore_index=True)
+    return rows.sort_values(["run_id", "key", "step"], ignore_index=True)
 
 
 def drop_metrics_after(engine: Engine, run_id: int, step: int) -> None:
     """Delete a run's metrics past ``step`` (a resumed run recomputes them from its checkpoint)."""
     with engine.begin() as conn:
         conn.execute(delete(Metric).where(Metric.run_id == run_id, Metric.step > step))
+        depth_maps.drop_after(conn, run_id, step)
 
 
-def eval_at_step(engine: Engine, variant: str, preset: str, step: int, exclude: int | None = None) -> float | None:
-    """Mean eval loss of a variant's runs (same preset) at ``step``; None if none reached it."""
+def eval_at_step(engine: Engine, variant: str, experiment: str, step: int, exclude: int | None = None) -> float | None:
+    """Mean eval loss of a variant's runs (same experiment) at ``step``; None if none reached it."""
     q = (select(func.avg(Metric.value)).join(Run, Run.id == Metric.run_id)
          .join(MetricKey, MetricKey.id == Metric.key_id)
-         .where(Run.variant == variant, Run.preset == preset, MetricKey.name == "eval_loss", Metric.step == step))
+         .where(Run.variant == variant, Run.experiment == experiment, MetricKey.name == "eval_loss",
+                Metric.step == step))
     if exclude is not None:
         q = q.where(Run.id != exclude)
     with engine.connect() as conn:
@@ -242,6 +267,11 @@ def _holds(execute: Callable, mark: str, check: tuple[int, str | None, int | Non
         return False
     if key is None:
         return True
+    if key.startswith(depth_maps.PREFIX):
+        site, _, source = key[len(depth_maps.PREFIX):].partition(":")
+        row = execute(f"SELECT 1 FROM depth_weights WHERE run_id = {mark} AND step = {mark} "  # noqa: S608
+                      f"AND site = {mark} AND source = {mark}", [run_id, step, int(site), source]).fetchone()
+        return row is not None
     row = execute(f"SELECT 1 FROM metrics m JOIN metric_keys k ON k.id = m.key_id "  # noqa: S608 - placeholders
                   f"WHERE m.run_id = {mark} AND k.name = {mark} AND m.step = {mark}", [run_id, key, step]).fetchone()
     return row is not None

@@ -26,6 +26,11 @@ class Dist:
         """Rank 0 owns the run's bookkeeping (database row, metrics, checkpoints)."""
         return self.rank == 0
 
+    def describe(self) -> str:
+        """What trains the run, for the report's provenance: e.g. ``NVIDIA H200 x 8`` or ``cpu x 1``."""
+        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.device.type
+        return f"{name} x {self.world}"
+
 
 def die_with_parent() -> None:
     """Under torchrun, end this worker when its torchrun agent dies, however it dies (Linux).

@@ -27,7 +27,7 @@ from attnres.logline import say
 from attnres.lr_schedule import lr_at
 from attnres.model import GPT
 from attnres.optim import build_optimizer
-from attnres.tracking import states
+from attnres.tracking import depth_maps, states
 from attnres.training.distributed import Dist, agree, all_mean, sum_over_ranks
 
 
@@ -118,17 +118,27 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, shards: TokenShards, cfg: RunConfig, d: Dist,
-             autocast: Callable[[], AbstractContextManager]) -> float:
-    """Mean eval loss over the held-out batches of every rank."""
+             autocast: Callable[[], AbstractContextManager],
+             residual: torch.nn.Module | None = None) -> dict[str, float]:
+    """Mean eval loss over the held-out batches of every rank, as ``{"eval_loss": ...}``; with a
+    depth-attention ``residual``, also this rank's depth map: each site's mean weight per source
+    (keys of :func:`attnres.tracking.depth_maps.key`), recorded before the loss."""
     model.eval()
+    tally = residual is not None and hasattr(residual, "tally_maps")
+    if tally:
+        residual.tally_maps()
     total = torch.zeros(2, device=d.device)
-    for x, y in eval_batches(shards, cfg.train.batch_size, cfg.train.eval_batches, d.rank, d.world):
-        with autocast():
-            _, loss = model(x.to(d.device), y.to(d.device))
-        total += torch.stack([loss.float() * len(x), torch.tensor(float(len(x)), device=d.device)])
+    try:
+        for x, y in eval_batches(shards, cfg.train.batch_size, cfg.train.eval_batches, d.rank, d.world):
+            with autocast():
+                _, loss = model(x.to(d.device), y.to(d.device))
+            total += torch.stack([loss.float() * len(x), torch.tensor(float(len(x)), device=d.device)])
+    finally:
+        weights = residual.depth_map() if tally else {}
     sum_over_ranks(total, d)
     model.train()
-    return float(total[0] / total[1])
+    out = {depth_maps.key(site, source): w for (site, source), w in sorted(weights.items())}
+    return out | {"eval_loss": float(total[0] / total[1])}
 
 
 def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool = False,
@@ -160,7 +170,7 @@ def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool =
     preemption = preemption or Preemption()
     tokens_per_step = tcfg.batch_size * cfg.model.seq_len * tcfg.grad_accum * d.world
     if start == 0:
-        recorder.record(0, eval_loss=evaluate(model, eval_shards, cfg, d, autocast))
+        recorder.record(0, **evaluate(model, eval_shards, cfg, d, autocast, raw_model.residual))
     t_last, steps_since = time.perf_counter(), 0
     for step in range(start, tcfg.steps):
         lr = lr_at(step, tcfg)
@@ -195,8 +205,9 @@ def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool =
         verdict = None
         evaluated = done % tcfg.eval_every == 0 or last
         if evaluated:
-            ev = evaluate(model, eval_shards, cfg, d, autocast)
-            recorder.record(done, eval_loss=ev)
+            evals = evaluate(model, eval_shards, cfg, d, autocast, raw_model.residual)
+            recorder.record(done, **evals)
+            ev = evals["eval_loss"]
             if d.is_rank0:
                 say(f"step {done}/{tcfg.steps} train {train_loss:.4f} eval {ev:.4f}")
             verdict = recorder.verdict(done, ev)

@@ -40,17 +40,17 @@ class Heartbeat(threading.Thread):
 class RunRecorder:
     """The :class:`attnres.training.loop.Recorder` of rank 0 for a run recorded in the database."""
 
-    def __init__(self, engine: Engine, run_id: int, world_size: int = 1) -> None:
+    def __init__(self, engine: Engine, run_id: int, world_size: int = 1, device: str | None = None) -> None:
         self.engine, self.run_id = engine, run_id
         run = store.get_run(engine, run_id)
         self.rule = json.loads(run.rule_json) if run.rule_json else None
-        self.preset = run.preset
+        self.experiment = run.experiment
         self.writer = MetricWriter(engine, run_id, store.spool_path(run))
         if self.writer.spool.exists() and self.writer.spool.stat().st_size:
             spool.ingest(engine, self.writer.spool)  # what an earlier attempt could not write
         self.writer.keep_snapshot(store.run_fields(engine, run_id))  # should the database be lost
         self.writer.transition(states.RUNNING, started_at=store.now(), heartbeat_at=store.now(), pid=os.getpid(),
-                               host=socket.gethostname(), world_size=world_size)
+                               host=socket.gethostname(), world_size=world_size, device=device)
         if self.writer.flush() and self.writer.refused:  # killed (or ended) before it could start: do not train
             was = self.writer.refused[0][1]
             self.writer.close()
@@ -69,12 +69,12 @@ class RunRecorder:
         self.writer.update_run(step=step, heartbeat_at=store.now())
 
     def verdict(self, step: int, eval_loss: float) -> str | None:
-        """The early-stop rule: worse than the baseline's mean eval loss (same preset) by more than ``by``."""
+        """The early-stop rule: worse than the baseline's mean eval loss (same experiment) by more than ``by``."""
         r = self.rule
         if r is None or step != r["at_step"]:
             return None
         try:
-            base = store.eval_at_step(self.engine, r["baseline"], self.preset, step, exclude=self.run_id)
+            base = store.eval_at_step(self.engine, r["baseline"], self.experiment, step, exclude=self.run_id)
         except SQLAlchemyError:
             return None  # the database is away: no verdict, training goes on
         if base is None or eval_loss <= base + r["by"]:
@@ -109,9 +109,9 @@ class RunRecorder:
         return ok
 
 
-def open_recorder(engine: Engine, run_id: int, world_size: int) -> RunRecorder:
+def open_recorder(engine: Engine, run_id: int, world_size: int, device: str | None = None) -> RunRecorder:
     """Rank 0's recorder; a database that cannot be read at start is one clear error."""
     try:
-        return RunRecorder(engine, run_id, world_size)
+        return RunRecorder(engine, run_id, world_size, device)
     except SQLAlchemyError as exc:
         raise AttnresError(f"cannot record run {run_id}: {str(exc).splitlines()[0]}") from None

@@ -1,0 +1,126 @@
+"""What one document compares: a scope (experiment, preset, step budget), and for each comparison
+group the step it is compared at. Pure functions of the run and evals tables.
+
+A table never mixes experiments, presets or step budgets: a document covers one scope, and names
+the others the database holds. Within it, each comparison group (the shallow variants; the deep
+variants with the shallow baseline) is compared at its final step when its runs finished, else at
+the latest step its compared variants have all reached, labelled partial.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from attnres.tracking.states import EARLY, FINISHED
+from reports.stats import ReportError, finite
+
+
+@dataclass(frozen=True)
+class Scope:
+    experiment: str
+    preset: str
+    budget: int  # the runs' step budget (total_steps)
+
+    def flags(self) -> str:
+        """The report flags that select this scope."""
+        return f"--experiment {self.experiment} --preset {self.preset} --budget {self.budget}"
+
+    def label(self) -> str:
+        return f"experiment {self.experiment}, preset {self.preset}, {self.budget:,} steps"
+
+
+def scopes(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per scope in the runs: experiment, preset, budget, runs, latest (largest run id)."""
+    if runs.empty:
+        return pd.DataFrame(columns=["experiment", "preset", "budget", "runs", "latest"])
+    g = runs.assign(budget=runs["total_steps"].astype(int)).groupby(["experiment", "preset", "budget"])
+    return g["id"].agg(runs="count", latest="max").reset_index().sort_values("latest", ascending=False,
+                                                                            ignore_index=True)
+
+
+def select(runs: pd.DataFrame, experiment: str | None = None, preset: str | None = None,
+           budget: int | None = None) -> tuple[pd.DataFrame, Scope, list[Scope]]:
+    """The runs of one scope (the filters', else the one with the most recent run), the scope, and
+    every other scope of ``runs``, latest first."""
+    picked = runs
+    if experiment is not None:
+        picked = picked[picked["experiment"] == experiment]
+    if preset is not None:
+        picked = picked[picked["preset"] == preset]
+    if budget is not None:
+        picked = picked[picked["total_steps"] == budget]
+    if picked.empty:
+        asked = " and ".join(f"--{k} {v}" for k, v in (("experiment", experiment), ("preset", preset),
+                                                       ("budget", budget)) if v is not None)
+        raise ReportError(f"no runs match {asked}" if asked else "no runs in the database: launch some first "
+                          "(attnres launch ...)")
+    first = scopes(picked).iloc[0]
+    scope = Scope(str(first["experiment"]), str(first["preset"]), int(first["budget"]))
+    others = [s for r in scopes(runs).itertuples()
+              if (s := Scope(str(r.experiment), str(r.preset), int(r.budget))) != scope]
+    inside = picked[(picked["experiment"] == scope.experiment) & (picked["preset"] == scope.preset)
+                    & (picked["total_steps"] == scope.budget)]
+    return inside, scope, others
+
+
+@dataclass
+class Choice:
+    """Where a comparison group is compared, and what is not (yet) in it."""
+
+    step: int
+    final: bool  # every compared run finished and the step is their last
+    compared: list[str]  # variants (baseline included) with an eval at the step
+    asked: bool = False  # the step was given (--step), not chosen
+    too_early: dict[str, int] = field(default_factory=dict)  # variant -> its runs' furthest step
+    behind: list[tuple[str, int, int]] = field(default_factory=list)  # (variant, seed, step) of live runs without it
+
+
+def _reach(runs: pd.DataFrame, evals: pd.DataFrame) -> dict[str, set[int]]:
+    """Per variant, the eval steps that at least one of its live runs has."""
+    live = runs[~runs["status"].isin(EARLY)]
+    steps = finite(evals).groupby("run_id")["step"].apply(set).to_dict()
+    out: dict[str, set[int]] = {}
+    for run in live.itertuples():
+        out.setdefault(run.variant, set()).update(steps.get(run.id, set()))
+    return out
+
+
+def choose(runs: pd.DataFrame, evals: pd.DataFrame, members: list[str], baseline: str,
+           step: int | None = None) -> Choice | None:
+    """The step a group (``members`` and ``baseline``) is compared at; None if the baseline has no eval.
+
+    The latest eval step of the baseline that at least half of the members with live runs have reached
+    (so one straggler does not hold the rest back, nor one runner-ahead leave the rest out); with
+    ``step`` given, that step. Members without an eval there are too early (with their furthest step).
+    """
+    runs = runs[runs["variant"].isin([*members, baseline])]
+    asked = step is not None
+    reach = _reach(runs, evals)
+    base = reach.pop(baseline, set())
+    others = [v for v in members if v != baseline and v in reach]
+    if step is None:
+        if not base:
+            return None
+        need = math.ceil(len(others) / 2)
+        ready_at = {s: [v for v in others if s in reach[v]] for s in sorted(base, reverse=True)}
+        step = next((s for s, ready in ready_at.items() if len(ready) >= need), max(base))
+    elif step not in base:
+        raise ReportError(f"the baseline '{baseline}' has no eval loss at step {step}")
+    live = runs[~runs["status"].isin(EARLY)]
+    with_step = set(finite(evals).loc[lambda e: e["step"] == step, "run_id"])
+    compared = [baseline, *[v for v in others if step in reach[v]]]
+    choice = Choice(step, False, compared, asked=asked)
+    for v in others:
+        if step not in reach[v]:
+            choice.too_early[v] = int(live.loc[live["variant"] == v, "step"].max())
+    at = live[live["variant"].isin(compared)]
+    for run in at.itertuples():
+        if run.id not in with_step and run.status != FINISHED:
+            choice.behind.append((run.variant, int(run.seed), int(run.step)))
+    done = at[at["id"].isin(with_step)]
+    choice.final = bool(len(done)) and bool((done["status"] == FINISHED).all()) and \
+        bool((done["total_steps"] == step).all())
+    return choice

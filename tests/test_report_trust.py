@@ -1,0 +1,299 @@
+"""The report a researcher can trust mid-grid: one scope per document, partial-aware comparisons,
+verdicts that need evidence, the seed's deep table and stars, depth-attention maps, provenance."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import sqlite3
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import FAST, attnres, database_at, runs
+from scipy import stats
+from seed_scenario import rows as seed_rows
+from sqlalchemy import create_engine
+
+from attnres.errors import AttnresError
+from attnres.tracking import states, store
+from attnres.tracking.db import get_engine
+from attnres.tracking.reads import load_results, run_table
+from attnres.variants import VARIANTS, resolve_run
+from reports import plots
+from reports.build import public_url, write_report
+from reports.document import Inputs, build_report
+from reports.scope import select
+from reports.stats import ReportError, seeds_needed, stars
+from reports.tables import cost_benefit, per_variant
+
+
+def add_run(engine, variant, seed, evals: dict[int, float], *, budget=100, status="finished", step=None,
+            preset="tiny", experiment="", tps=1000.0, mem=1e9, message=None):
+    """A run with the given eval curve (and throughput/memory logged at its last step)."""
+    cfg = resolve_run(variant, preset, seed, [f"steps={budget}"], experiment=experiment)
+    run_id = store.create_run(engine, cfg, status=status, actor=states.IMPORTER, message=message)
+    last = step if step is not None else max(evals, default=0)
+    store.update_run(engine, run_id, step=last, stop_step=last if status in states.EARLY else None)
+    rows = [(s, "eval_loss", v) for s, v in evals.items()]
+    rows += [(max(last, 1), "train_loss", min(evals.values(), default=9.0) - 0.05),
+             (max(last, 1), "tokens_per_s", tps), (max(last, 1), "peak_memory_bytes", mem)]
+    store.log_metrics(engine, run_id, rows)
+    return run_id
+
+
+def line(final: float, to: int = 100, every: int = 25) -> dict[int, float]:
+    return {s: 10 + (final - 10) * s / 100 for s in range(0, to + 1, every)}
+
+
+def import_seed(workdir, db="runs.db"):
+    seed_rows().to_csv(workdir / "seed.csv", index=False)
+    attnres("import", "seed.csv", "--db", str(workdir / db), check=True)
+
+
+def test_seed_document_regenerated_from_its_figures(workdir):
+    """The seed's own situation: its tables where the seed is consistent; where it is not, ours say why."""
+    import_seed(workdir)
+    attnres("report", "--out", "r.md", check=True)
+    text = (workdir / "r.md").read_text()
+    results = text.split("## Results")[1].split("## Runs That Ended Early")[0]
+    assert "at step 6,000, the final step" in results
+    # The seed printed seed 42's 2.682 (Δ −0.034) as hybrid's figure; ours is the mean of its 4 seeds, and says so
+    assert "| block_hybrid_memory   | 2.691 ± 0.006 (mean of 4) | -0.026 " in results
+    assert "| block_gqa_depth       | 2.691 (seed 1337)         | -0.025 " in results
+    assert "1 seed (1337); s42 in progress, step 3,000" in results
+    for variant, delta in [("control_block", "-0.022"), ("block_alibi_depth", "-0.012"),
+                           ("block_input_dep_query", "+0.001"), ("block_value_proj", "+0.352"),
+                           ("full_attnres", "+0.499"), ("block_sparse_depth", "+0.100")]:
+        assert any(row.startswith(f"| {variant} ") and f"| {delta} " in row for row in results.splitlines()), variant
+    assert "2.816 (seed 42)*" in results and "*Killed at step 5000." in results
+    # failed and killed runs, with their step and cause
+    assert "| block_rope_depth   | 42     | failed  | 80 of 6,000    | crashed at step 80 " in text
+    # the deep table as the seed has it: step 2500, and the straggler too early
+    deep = text.split("## Deep Variants")[1].split("## Cost/Benefit")[0]
+    assert "at step 2,500 of 6,000" in deep and "partial" in deep
+    assert "| deep_control_block | 2.946 (seed 42) | -0.028 " in deep
+    assert "| Shallow standard   | 2.974 (seed 42) | —  " in deep
+    assert "| deep_baseline      | 2.998 (seed 42) | +0.024 " in deep
+    assert "deep_hybrid_memory still too early to compare (step ~1,200)." in deep
+    # stars on the seed's scale; costs as the seed's; verdicts need evidence: the baseline has one seed
+    cost = text.split("## Cost/Benefit Summary")[1]
+    for row in ["| block_gqa_depth       | ★★★½ (-0.025)      | -46%         | +82%  ",
+                "| control_block         | ★★★ (-0.022)       | -46%  ", "| block_alibi_depth     | ★★ (-0.012) ",
+                "| block_input_dep_query | ☆ (+0.001)         | -53%         | +99%          | Not worth it",
+                "| block_hybrid_memory   | ★★★½ (-0.026)      | -57%         | +145% "]:
+        assert row in cost, row
+    assert "Best quality" not in cost.split("Quality: one")[0]
+    assert "Unresolved (4 vs 1 seeds)" in cost and "one seed per arm cannot be tested" in cost
+    # provenance
+    assert f"Generated: {dt.date.today().isoformat()}." in text and "Devices: 4x NVIDIA B200 (18 runs)." in text
+    assert "Scope: experiment paper500m, preset paper500m, 6,000 steps." in text
+    for png in ("delta_curves.png", "throughput_vs_delta.png"):
+        assert (workdir / "reports" / png).stat().st_size > 10_000
+
+
+def test_one_database_many_experiments_never_mixes_them(workdir):
+    import_seed(workdir)
+    engine = get_engine(str(workdir / "runs.db"))
+    for seed in (1, 2):
+        add_run(engine, "standard", seed, line(5.0 + seed / 100, 24, 8), budget=24)
+        add_run(engine, "block_sparse_depth", seed, line(4.9, 24, 8), budget=24)
+    text = write_report(engine, workdir / "r.md", plots=False)  # the latest experiment by default
+    assert "Scope: experiment tiny, preset tiny, 24 steps." in text
+    assert "killed" not in text.split("## Other Experiments")[0] and "5000" not in text
+    assert "`attnres report --experiment paper500m --preset paper500m --budget 6000`" in text
+    other = write_report(engine, workdir / "p.md", plots=False, experiment="paper500m")
+    assert "Scope: experiment paper500m" in other and "24 steps" in other.split("## Other")[1]
+    # the same filters on status, compare and export
+    listed = attnres("status", "--experiment", "tiny", check=True).stdout
+    assert "block_sparse_depth" in listed and "killed" not in listed and "block_hybrid_memory" not in listed
+    cmp = attnres("compare", "standard", "block_sparse_depth", "--experiment", "paper500m", check=True).stdout
+    assert "experiment paper500m" in cmp and "5000" in cmp.replace(",", "")
+    attnres("export", "--experiment", "tiny", "--out", "exp", check=True)
+    exported = pd.read_csv(workdir / "exp" / "metrics.csv")
+    assert set(exported["experiment"]) == {"tiny"} and set(exported["variant"]) == {"standard", "block_sparse_depth"}
+    bad = attnres("report", "--experiment", "nope")
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: no runs match --experiment nope"
+
+
+def test_launch_files_runs_under_an_experiment(workdir):
+    attnres("launch", "standard", "--seeds", "1", "--steps", "2", "--experiment", "ablation-1", *FAST, check=True)
+    attnres("launch", "standard", "--seeds", "1", "--steps", "2", *FAST, check=True)  # another cell: default
+    assert [(r["experiment"], r["status"]) for r in runs(workdir)] == [("ablation-1", "finished"), ("tiny", "finished")]
+    assert "ablation-1" in attnres("status", check=True).stdout
+    bad = attnres("launch", "standard", "--experiment", "a b")
+    assert bad.returncode == 2 and "--experiment 'a b'" in bad.stderr and len(runs(workdir)) == 2
+
+
+def test_mid_grid_report_is_partial_and_names_what_is_behind(workdir):
+    engine = get_engine(str(workdir / "runs.db"))
+    add_run(engine, "standard", 1, line(3.0))
+    add_run(engine, "standard", 2, line(3.1, 25), status="running", step=30)
+    add_run(engine, "control_block", 1, line(2.9, 50), status="running", step=60)
+    add_run(engine, "block_rope_depth", 1, {}, status="failed", step=80, message="RuntimeError: boom\nmore")
+    add_run(engine, "deep_baseline", 1, {}, status="running", step=3)  # a deep run with no eval yet
+    text = write_report(engine, workdir / "r.md", plots=True)
+    assert "**partial**: at step 50 of 100" in text
+    assert "Still behind (not in the table yet): standard s2 (step 30)." in text
+    assert "| block_rope_depth | 1      | failed  | 80 of 100 | RuntimeError: boom |" in text
+    assert "No deep variant has an eval at a step the baseline has yet: deep_baseline (step ~3)." in text
+    finished = write_report(engine, workdir / "r.md", plots=False, step=100)
+    assert "at step 100 of 100 (asked for with --step)" in finished
+    assert "control_block still too early to compare (step ~60)." in finished
+
+
+def random_database(engine, rng: random.Random) -> None:
+    variants = ["standard"] * 4 + ["control_block", "block_hybrid_memory", "deep_baseline", "deep_control_block"]
+    for _ in range(rng.randint(0, 10)):
+        status = rng.choice([states.FINISHED] * 4 + list(states.STATES))
+        budget = rng.choice([40] * 4 + [20])
+        n = rng.choice([0, 1, 2, 5, 5, 5])
+        evals = {s: rng.choice([rng.uniform(2, 9), float("inf")] if rng.random() < 0.2 else [rng.uniform(2, 9)])
+                 for s in sorted(rng.sample(range(0, budget + 1, 10), min(n, budget // 10 + 1)))}
+        try:
+            run_id = add_run(engine, rng.choice(variants), rng.randint(1, 3), evals, budget=budget, status=status,
+                             step=rng.randint(0, budget), experiment=rng.choice([""] * 4 + ["other"]),
+                             tps=rng.choice([1000.0, float("inf")]))
+        except states.ActiveTwin:  # the database refuses a second active run of a config (as it should)
+            continue
+        if rng.random() < 0.2:
+            store.log_metrics(engine, run_id, [(10, "depth:0:embedding", 1.0), (10, "depth:1:partial", 0.4),
+                                               (10, "depth:1:embedding", 0.6)])
+
+
+def test_no_database_content_crashes_the_report(workdir):
+    """Missing evals, NaN and inf, single runs, running and ended rows, two experiments: the report is
+    written, or one clear line says why not (the CLI's exit 2)."""
+    outcomes = {"written": 0, "refused": 0}
+    for trial in range(60):
+        engine = get_engine(str(workdir / f"r{trial}.db"))
+        random_database(engine, random.Random(trial))
+        for kwargs in ({"plots": trial % 6 == 0}, {"plots": False, "step": 10}):
+            try:
+                write_report(engine, workdir / "r.md", **kwargs)
+                outcomes["written"] += 1
+            except AttnresError as exc:
+                assert "\n" not in str(exc), str(exc)
+                outcomes["refused"] += 1
+        all_runs = run_table(engine)
+        if all_runs.empty:
+            continue
+        # NaN (which SQLite cannot hold, PostgreSQL can) in evals, throughput and memory: the pure document
+        scoped, scope, _ = select(all_runs)
+        res = load_results(engine, runs=scoped)
+        evals, runs_ = res.evals.copy(), res.runs.copy()
+        evals.loc[evals.sample(frac=0.3, random_state=trial).index, "value"] = float("nan")
+        runs_.loc[runs_.sample(frac=0.5, random_state=trial).index, ["tokens_per_s", "peak_memory_bytes"]] = np.nan
+        try:
+            build_report(Inputs(runs_, evals, scope, {}, ["deep_baseline", "deep_control_block"], maps=res.maps))
+        except ReportError as exc:
+            assert "\n" not in str(exc), str(exc)
+    assert outcomes["written"] >= 20 and outcomes["refused"] >= 10, outcomes
+    proc = attnres("report", "--db", str(workdir / "r0.db"), "--out", "x.md")  # and through the CLI
+    assert proc.returncode in (0, 2) and "Traceback" not in proc.stderr
+
+
+def table_of(values: dict[str, dict[int, float]], tps: dict[str, float] | None = None) -> pd.DataFrame:
+    runs_, evals = [], []
+    for i, (variant, seeds) in enumerate((v, s) for v, s in values.items()):
+        for seed, value in seeds.items():
+            rid = len(runs_) + 1
+            runs_.append({"id": rid, "variant": variant, "seed": seed, "status": "finished", "step": 100,
+                          "total_steps": 100, "stop_step": None, "final_train_loss": value,
+                          "tokens_per_s": (tps or {}).get(variant, 1000.0), "peak_memory_bytes": 1e9 * (1 + i / 10)})
+            evals.append({"run_id": rid, "step": 100, "value": value})
+    return per_variant(pd.DataFrame(runs_), pd.DataFrame(evals), 100)
+
+
+def test_verdicts_need_resolved_evidence():
+    base = {1: 3.00, 2: 3.01, 3: 2.99, 4: 3.00}
+    noisy = {1: 2.95, 2: 3.05, 3: 2.93, 4: 3.04}  # mean -0.0075, p ~ 0.8
+    clear = {1: 2.97, 2: 2.98, 3: 2.96, 4: 2.97}
+    lucky = {1: 2.90}  # one seed, the largest Δ
+    verdicts = cost_benefit(table_of({"standard": base, "block_hybrid_memory": noisy, "control_block": clear,
+                                      "block_gqa_depth": lucky}, {"control_block": 900.0}), "standard")
+    v = dict(zip(verdicts["Variant"], verdicts["Verdict"], strict=True))
+    assert v["control_block"] == "Best quality; Best quality/cost ratio"  # resolved, and both earned by one
+    assert v["block_gqa_depth"].startswith("Unresolved (1 vs 4 seeds)")  # never best on one seed
+    p = stats.ttest_ind(list(noisy.values()), list(base.values()), equal_var=False).pvalue
+    assert v["block_hybrid_memory"].startswith(f"Unresolved (p = {p:.2f})")
+    assert "seeds per arm" in v["block_hybrid_memory"]
+
+
+def test_seeds_needed_is_the_exact_two_sample_t_test():
+    # Cohen's tables (α 0.05 two-sided, power 0.8): d = 0.5 -> 64, 0.8 -> 26, 1.0 -> 17 per group
+    assert [seeds_needed(d, 1.0, 1.0) for d in (0.5, 0.8, 1.0)] == [64, 26, 17]
+    assert seeds_needed(10.0, 0.01, 0.01) == 2  # never below 2: one seed per arm has no test
+    assert seeds_needed(0.01, float("nan"), float("nan")) != seeds_needed(0.01, float("nan"), float("nan"))
+    # simulated: at the computed n the t-test rejects ~80% of the time
+    rng = np.random.default_rng(0)
+    n = int(seeds_needed(0.02, 0.02, 0.02))
+    hits = np.mean([stats.ttest_ind(rng.normal(0.02, 0.02, n), rng.normal(0, 0.02, n)).pvalue < 0.05
+                    for _ in range(4000)])
+    assert 0.77 < hits < 0.85, hits
+
+
+def test_stars_follow_the_seeds_scale():
+    assert [stars(d) for d in (-0.034, -0.025, -0.022, -0.012, 0.001, -0.001, -0.2)] == \
+        ["★★★★", "★★★½", "★★★", "★★", "☆", "★", "★★★★★"]
+
+
+def test_figures_colour_each_variant_once_and_do_not_overprint_labels():
+    colours = [plots.color_of(v) for v in VARIANTS]
+    assert len(set(colours)) == len(colours) and plots.color_of("control_block") == plots.color_of("control_block")
+    table = table_of({"standard": {1: 3.0}, "control_block": {1: 2.99}, "block_gqa_depth": {1: 2.991}})
+    fig = plots.throughput_vs_delta(table, "standard")
+    ax = fig.axes[0]
+    assert not ax.texts  # no labels beside points to overprint: the legend names them
+    named = sorted(t.get_text().split(" (")[0] for t in ax.get_legend().get_texts())
+    assert named == ["block_gqa_depth", "control_block", "standard"]
+
+
+def test_compare_plot_draws_delta_against_the_first(workdir):
+    engine = get_engine(str(workdir / "runs.db"))
+    for seed, (b, c) in {1: (3.0, 2.9), 2: (3.2, 3.0)}.items():
+        add_run(engine, "standard", seed, line(b))
+        add_run(engine, "control_block", seed, line(c))
+    res = store.runs_frame(engine)
+    evals = store.metrics_frame(engine, ["eval_loss"]).drop(columns="key")
+    d = plots.delta_series(res, evals, "control_block", "standard").set_index("step")
+    assert d.loc[100, "delta"] == pytest.approx(np.mean([2.9, 3.0]) - np.mean([3.0, 3.2]))
+    attnres("compare", "standard", "control_block", "--plot", "c.png", check=True)
+    assert (workdir / "c.png").stat().st_size > 10_000
+
+
+def test_provenance_never_shows_credentials():
+    url = public_url(create_engine("postgresql+psycopg://alice:s3cret@db.example:5432/runs"))
+    assert url == "postgresql+psycopg://db.example:5432/runs"
+
+
+def test_depth_maps_are_recorded_drawn_and_named(workdir):
+    """A real run records each site's mean weight per source at every eval (summing to 1 per site);
+    the report names long skips and the embedding's weight; `attnres inspect` draws one run's map."""
+    attnres("launch", "control_block", "standard", "--seeds", "1", "--steps", "10", *FAST, "--set", "n_layer=7",
+            "--set", "eval_every=5", check=True)
+    with sqlite3.connect(workdir / "runs.db") as conn:
+        got = pd.read_sql("select * from depth_weights", conn)
+    assert set(got["run_id"]) == {1} and sorted(set(got["step"])) == [0, 5, 10]
+    sums = got.groupby(["step", "site"])["weight"].sum()
+    assert np.allclose(sums, 1.0, atol=1e-5) and len(sums) == 3 * 8  # 7 layers + the readout, at 3 evals
+    assert set(got.loc[got["site"] == 7, "source"]) == {"embedding", "block 1", "block 2", "partial"}
+    attnres("report", "--out", "r.md", check=True)
+    text = (workdir / "r.md").read_text()
+    assert "## Depth-Attention Maps" in text and "strongest long skips: " in text and "← block 1" in text
+    assert "weight on the embedding: mean" in text and (workdir / "reports" / "depth_maps.png").exists()
+    out = attnres("inspect", "1", "--step", "5", "--out", "m.png", check=True).stdout
+    assert "run 1 at step 5: weight on the embedding" in out and (workdir / "m.png").stat().st_size > 5_000
+    for args, says in [(["2"], "standard residuals have no depth attention"),
+                       (["1", "--step", "7"], "no depth map at step 7"), (["9"], "no run with id 9")]:
+        proc = attnres("inspect", *args, "--out", "x.png")
+        assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_upgrade_to_experiments_keeps_runs_and_files_them_by_preset(workdir):
+    db = workdir / "runs.db"
+    database_at(db, "0003", preset="small")
+    assert "0003 -> 0004" in attnres("db", "upgrade", check=True).stdout
+    assert [(r["experiment"], r["device"]) for r in runs(workdir)] == [("small", None)]
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("select count(*) from depth_weights").fetchone() == (0,)

@@ -25,7 +25,8 @@ def test_detached_queue_runs_cpu_jobs_one_after_the_other(workdir):
     logs = attnres("logs", "1", check=True).stdout
     assert "step 6/6" in logs
     header, rows = grid_rows(get_engine(str(workdir / "runs.db")))
-    assert header == ["variant", "seed 1"] and rows[0][1].startswith("finished 6/6")
+    assert header == ["experiment", "variant", "seed 1"] and rows[0][:2] == ["tiny", "standard"]
+    assert rows[0][2].startswith("finished 6/6")
 
 
 def test_sigkill_of_a_trainer_is_failed_within_30s_and_the_queue_goes_on(workdir):

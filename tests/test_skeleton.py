@@ -40,7 +40,7 @@ def test_launch_two_seeds_records_finished_runs_whose_eval_loss_fell(workdir):
     report = attnres("report", "--out", "results.md", check=True)
     text = (workdir / "results.md").read_text()
     assert "wrote results.md" in report.stdout
-    assert "| standard" in text and "2 seeds (42, 1337)" in text and "Eval loss at step 20" in text
+    assert "| standard" in text and "2 seeds (42, 1337)" in text and "at step 20, the final step" in text
 
 
 def test_ddp_run_with_two_gloo_ranks(workdir):

@@ -27,8 +27,9 @@ $(BIN)/attnres: pyproject.toml
 install: $(BIN)/attnres
 
 DEMO_VARIANTS ?= standard block_hybrid_memory
-# 6 layers (blocks of 3): deep enough that the depth-attention maps have long skips to name
-DEMO_SETTINGS ?= --preset tiny --set n_layer=6 --steps 150
+# 6 layers (blocks of 3): deep enough that the depth-attention maps have long skips to name; 4 sequences
+# a step, as the GPT-2 vocabulary's output layer dominates a tiny model's step on a CPU (~4 min on 2 cores)
+DEMO_SETTINGS ?= --preset tiny --set n_layer=6 --set batch_size=4 --set eval_batches=4 --steps 150
 
 demo: install
 	$(BIN)/attnres launch $(DEMO_VARIANTS) --seeds $(SEEDS) $(DEMO_SETTINGS)

@@ -35,6 +35,10 @@ CASES = [
     (["data", "prepare", "--eval-fraction", "1.5"], "--eval-fraction"),
     (["bench", "data", "--megabytes", "nan"], "--megabytes"),
     (["resume", "1", "--db", "nothere.db"], "no database"),
+    (["launch", "standard", "--experiment", "a b"], "--experiment"),
+    (["report", "--experiment", "nope"], "no runs match"),
+    (["report", "--budget", "0"], "--budget"),
+    (["inspect", "1", "--out", "m.png"], "standard residuals"),
 ]
 
 

@@ -116,15 +116,6 @@ def test_one_database_many_experiments_never_mixes_them(workdir):
     assert bad.returncode == 2 and bad.stderr.strip() == "error: no runs match --experiment nope"
 
 
-def test_launch_files_runs_under_an_experiment(workdir):
-    attnres("launch", "standard", "--seeds", "1", "--steps", "2", "--experiment", "ablation-1", *FAST, check=True)
-    attnres("launch", "standard", "--seeds", "1", "--steps", "2", *FAST, check=True)  # another cell: default
-    assert [(r["experiment"], r["status"]) for r in runs(workdir)] == [("ablation-1", "finished"), ("tiny", "finished")]
-    assert "ablation-1" in attnres("status", check=True).stdout
-    bad = attnres("launch", "standard", "--experiment", "a b")
-    assert bad.returncode == 2 and "--experiment 'a b'" in bad.stderr and len(runs(workdir)) == 2
-
-
 def test_mid_grid_report_is_partial_and_names_what_is_behind(workdir):
     engine = get_engine(str(workdir / "runs.db"))
     add_run(engine, "standard", 1, line(3.0))
@@ -165,7 +156,7 @@ def test_no_database_content_crashes_the_report(workdir):
     """Missing evals, NaN and inf, single runs, running and ended rows, two experiments: the report is
     written, or one clear line says why not (the CLI's exit 2)."""
     outcomes = {"written": 0, "refused": 0}
-    for trial in range(60):
+    for trial in range(40):
         engine = get_engine(str(workdir / f"r{trial}.db"))
         random_database(engine, random.Random(trial))
         for kwargs in ({"plots": trial % 6 == 0}, {"plots": False, "step": 10}):
@@ -188,7 +179,7 @@ def test_no_database_content_crashes_the_report(workdir):
             build_report(Inputs(runs_, evals, scope, {}, ["deep_baseline", "deep_control_block"], maps=res.maps))
         except ReportError as exc:
             assert "\n" not in str(exc), str(exc)
-    assert outcomes["written"] >= 20 and outcomes["refused"] >= 10, outcomes
+    assert outcomes["written"] >= 15 and outcomes["refused"] >= 10, outcomes
     proc = attnres("report", "--db", str(workdir / "r0.db"), "--out", "x.md")  # and through the CLI
     assert proc.returncode in (0, 2) and "Traceback" not in proc.stderr
 
@@ -271,7 +262,9 @@ def test_depth_maps_are_recorded_drawn_and_named(workdir):
     """A real run records each site's mean weight per source at every eval (summing to 1 per site);
     the report names long skips and the embedding's weight; `attnres inspect` draws one run's map."""
     attnres("launch", "control_block", "standard", "--seeds", "1", "--steps", "10", *FAST, "--set", "n_layer=7",
-            "--set", "eval_every=5", check=True)
+            "--set", "eval_every=5", "--experiment", "maps-1", check=True)
+    assert {r["experiment"] for r in runs(workdir)} == {"maps-1"}  # the launch's experiment, not the preset's
+    assert "maps-1" in attnres("status", check=True).stdout
     with sqlite3.connect(workdir / "runs.db") as conn:
         got = pd.read_sql("select * from depth_weights", conn)
     assert set(got["run_id"]) == {1} and sorted(set(got["step"])) == [0, 5, 10]
@@ -280,6 +273,7 @@ def test_depth_maps_are_recorded_drawn_and_named(workdir):
     assert set(got.loc[got["site"] == 7, "source"]) == {"embedding", "block 1", "block 2", "partial"}
     attnres("report", "--out", "r.md", check=True)
     text = (workdir / "r.md").read_text()
+    assert "Scope: experiment maps-1, preset tiny, 10 steps." in text
     assert "## Depth-Attention Maps" in text and "strongest long skips: " in text and "← block 1" in text
     assert "weight on the embedding: mean" in text and (workdir / "reports" / "depth_maps.png").exists()
     out = attnres("inspect", "1", "--step", "5", "--out", "m.png", check=True).stdout

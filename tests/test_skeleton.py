@@ -20,12 +20,14 @@ def test_launch_two_seeds_records_finished_runs_whose_eval_loss_fell(workdir):
     assert "run 1: finished" in proc.stdout and "run 2: finished" in proc.stdout
     db = str(workdir / "runs.db")
     with sqlite3.connect(db) as conn:
-        runs = conn.execute("select id, variant, seed, status, step, total_steps, pid, host from runs").fetchall()
+        runs = conn.execute("select id, variant, seed, status, step, total_steps, pid, host, experiment, device "
+                            "from runs").fetchall()
         mode = conn.execute("pragma journal_mode").fetchone()[0]
     assert mode == "wal"
     assert [(r[1], r[2], r[3], r[4], r[5]) for r in runs] == [
         ("standard", 42, "finished", 20, 20), ("standard", 1337, "finished", 20, 20)]
     assert all(r[6] and r[7] for r in runs)
+    assert [(r[8], r[9]) for r in runs] == [("tiny", "cpu x 1")] * 2  # the preset's experiment; what trained it
     for run_id in (1, 2):
         curve = eval_curve(db, run_id)
         assert [s for s, _ in curve] == [0, 10, 20]

@@ -34,7 +34,7 @@ import pandas as pd
 from sqlalchemy import Engine
 
 from attnres.errors import AttnresError
-from attnres.tracking import states, store
+from attnres.tracking import depth_maps, states, store
 from attnres.variants import canonical
 
 REQUIRED = ["variant", "seed", "step", "key", "value"]
@@ -97,6 +97,11 @@ def read_import(path: Path) -> pd.DataFrame:
     if len(bad):
         raise AttnresError(f"{path}: row {bad[0] + 1}: value '{df['value'].iloc[bad[0]]}' is not a finite number")
     df["value"] = values.astype(float)
+    keys = df["key"].astype(str)
+    bad = df.index[keys.str.startswith(depth_maps.PREFIX) & ~keys.str.fullmatch(depth_maps.KEY.pattern)]
+    if len(bad):
+        raise AttnresError(f"{path}: row {bad[0] + 1}: key '{keys.iloc[bad[0]]}' is not a depth-map key "
+                           "(depth:SITE:SOURCE, SOURCE up to 32 letters, digits or spaces)")
     df["variant"] = [canonical(v) for v in df["variant"]]
     if "run" not in df.columns:
         df["run"] = df["variant"] + "-s" + df["seed"].astype(str)

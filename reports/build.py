@@ -67,10 +67,10 @@ def provenance(engine: Engine, runs: pd.DataFrame, today: dt.date | None = None)
     }
 
 
-def _scoped(engine: Engine, experiment: str | None, preset: str | None,
-            budget: int | None) -> tuple[pd.DataFrame, Scope, list[Scope]]:
+def _scoped(engine: Engine, experiment: str | None, preset: str | None, budget: int | None,
+            baseline: str | None = None) -> tuple[pd.DataFrame, Scope, list[Scope]]:
     try:
-        return select(run_table(engine), experiment, preset, budget)
+        return select(run_table(engine), experiment, preset, budget, baseline)
     except ReportError as exc:
         raise AttnresError(str(exc)) from None
 
@@ -80,7 +80,7 @@ def write_report(engine: Engine, out: Path, baseline: str = "standard", step: in
                  budget: int | None = None) -> str:
     """Build the document of one scope from the database; write it (and PNGs under ``reports/`` beside it)."""
     _writable(out)
-    runs, scope, others = _scoped(engine, experiment, preset, budget)
+    runs, scope, others = _scoped(engine, experiment, preset, budget, baseline)
     res = load_results(engine, step=step, runs=runs)
     notes = []
     if len(res.superseded):
@@ -150,6 +150,8 @@ def compare(engine: Engine, variants: list[str], step: int | None = None, plot: 
     try:
         runs, scope, _ = select(mine, experiment, preset, budget)
         res = load_results(engine, names, step=step, runs=runs)
+        res.runs = res.runs.sort_values("id").drop_duplicates(["variant", "seed"], keep="last")  # a rerun replaces
+        res.evals = res.evals[res.evals["run_id"].isin(res.runs["id"])]
         aligned = cmp.aligned_evals(res.runs, res.evals, names)
         at = step if step is not None else int(aligned["step"].max())
         if at not in set(aligned["step"]):

@@ -91,6 +91,8 @@ def _where(choice: Choice, budget: int) -> str:
         return f"at step {choice.step:,} of {budget:,} (asked for with --step)"
     if choice.final:
         return f"at step {choice.step:,}, the final step"
+    if choice.step == budget:  # the finished runs are compared; the ones still going are named below
+        return f"at step {choice.step:,}, the final step, before every run has reached it (see below)"
     return (f"**partial**: at step {choice.step:,} of {budget:,}, the latest step every compared variant has "
             "reached")
 

@@ -42,9 +42,10 @@ def scopes(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def select(runs: pd.DataFrame, experiment: str | None = None, preset: str | None = None,
-           budget: int | None = None) -> tuple[pd.DataFrame, Scope, list[Scope]]:
+           budget: int | None = None, baseline: str | None = None) -> tuple[pd.DataFrame, Scope, list[Scope]]:
     """The runs of one scope (the filters', else the one with the most recent run), the scope, and
-    every other scope of ``runs``, latest first."""
+    every other scope of ``runs``, latest first. With ``baseline``, the newest scope that has runs of it
+    is preferred (a lone variant launched last does not make the default report impossible)."""
     picked = runs
     if experiment is not None:
         picked = picked[picked["experiment"] == experiment]
@@ -57,7 +58,12 @@ def select(runs: pd.DataFrame, experiment: str | None = None, preset: str | None
                                                        ("budget", budget)) if v is not None)
         raise ReportError(f"no runs match {asked}" if asked else "no runs in the database: launch some first "
                           "(attnres launch ...)")
-    first = scopes(picked).iloc[0]
+    found = scopes(picked)
+    if baseline is not None:
+        has = scopes(picked[picked["variant"] == baseline])[["experiment", "preset", "budget"]]
+        with_base = found.merge(has, on=["experiment", "preset", "budget"])
+        found = with_base if len(with_base) else found
+    first = found.iloc[0]
     scope = Scope(str(first["experiment"]), str(first["preset"]), int(first["budget"]))
     others = [s for r in scopes(runs).itertuples()
               if (s := Scope(str(r.experiment), str(r.preset), int(r.budget))) != scope]
@@ -100,6 +106,9 @@ def choose(runs: pd.DataFrame, evals: pd.DataFrame, members: list[str], baseline
     asked = step is not None
     reach = _reach(runs, evals)
     base = reach.pop(baseline, set())
+    if not base:  # every baseline run ended early: compare at its evals (they are marked)
+        ended = runs[(runs["variant"] == baseline)]
+        base = set(finite(evals).loc[lambda e: e["run_id"].isin(ended["id"]), "step"])
     others = [v for v in members if v != baseline and v in reach]
     if step is None:
         if not base:
@@ -122,5 +131,5 @@ def choose(runs: pd.DataFrame, evals: pd.DataFrame, members: list[str], baseline
             choice.behind.append((run.variant, int(run.seed), int(run.step)))
     done = at[at["id"].isin(with_step)]
     choice.final = bool(len(done)) and bool((done["status"] == FINISHED).all()) and \
-        bool((done["total_steps"] == step).all())
+        bool((done["total_steps"] == step).all()) and not choice.behind and not choice.too_early
     return choice

@@ -70,8 +70,9 @@ def welch(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     """Welch's t statistic and two-sided p-value of mean(a) - mean(b); NaN unless both have 2+ values."""
     if len(a) < 2 or len(b) < 2:
         return math.nan, math.nan
-    if np.std(a) == 0 and np.std(b) == 0:  # no spread at all: the test is undefined
-        return math.nan, math.nan
+    if np.std(a) == 0 and np.std(b) == 0:  # no spread at all: any difference is certain, none is nothing
+        diff = float(np.mean(a) - np.mean(b))
+        return (math.copysign(math.inf, diff), 0.0) if diff else (math.nan, math.nan)
     with warnings.catch_warnings():  # nearly equal values: scipy warns of precision, the result stands
         warnings.simplefilter("ignore", RuntimeWarning)
         res = stats.ttest_ind(a, b, equal_var=False)
@@ -119,9 +120,9 @@ def seeds_needed(delta: float, std_a: float, std_b: float, alpha: float = ALPHA,
     effect = abs(delta) / sigma
     lo, hi = 2, 2
     while t_power(hi, effect, alpha) < power:  # bracket, then bisect on the monotone power curve
-        lo, hi = hi, hi * 2
-        if hi > limit:
+        if hi >= limit:
             return math.inf
+        lo, hi = hi, min(hi * 2, limit)
     while lo < hi:
         mid = (lo + hi) // 2
         if t_power(mid, effect, alpha) >= power:

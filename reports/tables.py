@@ -34,6 +34,8 @@ def per_variant(runs: pd.DataFrame, evals: pd.DataFrame, step: int, variants: li
     info = runs.set_index("id")
     rows = []
     for variant, grp in at.groupby("variant", sort=False):
+        if (grp["mark"] == "").any():  # a seed that ended early is not averaged with finished ones at another step
+            grp = grp[grp["mark"] == ""]
         ids = grp["run_id"].tolist()
         marks = sorted({m for m in grp["mark"] if m})
         mean, std, _, _ = mean_ci(grp["eval"].to_numpy())

@@ -39,6 +39,7 @@ CASES = [
     (["report", "--experiment", "nope"], "no runs match"),
     (["report", "--budget", "0"], "--budget"),
     (["inspect", "1", "--out", "m.png"], "standard residuals"),
+    (["import", "bad-depth-key.csv"], "depth-map key"),
 ]
 
 
@@ -56,6 +57,7 @@ def recorded(workdir):
     (workdir / "huge-step.csv").write_text("variant,seed,step,key,value\nstandard,1,99999999999999999999999,a,1\n")
     (workdir / "huge-value.csv").write_text("variant,seed,step,key,value\nstandard,1,5,a,1e400\n")
     (workdir / "x.txt").write_text("some text\n")
+    (workdir / "bad-depth-key.csv").write_text("variant,seed,step,key,value\ncontrol_block,1,5,depth:x:y,0.5\n")
     return workdir / "runs.db"
 
 

@@ -44,6 +44,9 @@ def test_the_early_stop_rule_compares_with_the_baselines_mean_at_its_step(engine
         base = store.create_run(engine, resolve_run("standard", "tiny", seed), actor=states.IMPORTER,
                                 status=states.FINISHED)
         store.log_metrics(engine, base, [(10, "eval_loss", value)])
+    other = store.create_run(engine, resolve_run("standard", "tiny", 3, ["steps=50"]), actor=states.IMPORTER,
+                             status=states.FINISHED)  # another step budget (another schedule): not a baseline
+    store.log_metrics(engine, other, [(10, "eval_loss", 9.9)])
     rec = RunRecorder(engine, queued(engine, rule={"baseline": "standard", "by": 0.1, "at_step": 10}))
     assert rec.verdict(10, 3.15) is None  # mean 3.1 + 0.1 is not exceeded
     assert rec.verdict(5, 9.0) is None  # not the rule's step

@@ -57,7 +57,7 @@ def test_seed_document_regenerated_from_its_figures(workdir):
     attnres("report", "--out", "r.md", check=True)
     text = (workdir / "r.md").read_text()
     results = text.split("## Results")[1].split("## Runs That Ended Early")[0]
-    assert "at step 6,000, the final step" in results
+    assert "at step 6,000, the final step, before every run has reached it" in results
     # The seed printed seed 42's 2.682 (Δ −0.034) as hybrid's figure; ours is the mean of its 4 seeds, and says so
     assert "| block_hybrid_memory   | 2.691 ± 0.006 (mean of 4) | -0.026 " in results
     assert "| block_gqa_depth       | 2.691 (seed 1337)         | -0.025 " in results
@@ -291,3 +291,43 @@ def test_upgrade_to_experiments_keeps_runs_and_files_them_by_preset(workdir):
     assert [(r["experiment"], r["device"]) for r in runs(workdir)] == [("small", None)]
     with sqlite3.connect(db) as conn:
         assert conn.execute("select count(*) from depth_weights").fetchone() == (0,)
+
+
+def frames(rows: list[tuple[str, int, str, int, dict[int, float]]]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs, evals) from (variant, seed, status, step, {eval step: value}) rows, budget 1000."""
+    runs_ = pd.DataFrame([{"id": i + 1, "variant": v, "seed": seed, "status": st, "step": step, "total_steps": 1000,
+                           "stop_step": step if st in states.EARLY else None, "final_train_loss": 2.0,
+                           "tokens_per_s": 1000.0, "peak_memory_bytes": 1e9, "experiment": "e", "preset": "p"}
+                          for i, (v, seed, st, step, _) in enumerate(rows)])
+    evals = pd.DataFrame([{"run_id": i + 1, "step": s, "value": x} for i, (*_, ev) in enumerate(rows)
+                          for s, x in ev.items()], columns=["run_id", "step", "value"])
+    return runs_, evals
+
+
+def test_a_seed_that_ended_early_is_not_averaged_with_finished_ones():
+    runs_, evals = frames([("standard", 1, "finished", 1000, {200: 3.9, 1000: 2.700}),
+                           ("standard", 2, "finished", 1000, {200: 3.9, 1000: 2.701}),
+                           ("standard", 3, "killed", 200, {200: 4.0})])
+    row = per_variant(runs_, evals, 1000).iloc[0]
+    assert (row["eval"], row["seeds"], row["mark"]) == (pytest.approx(2.7005), [1, 2], "")
+
+
+def test_a_group_is_final_only_when_nothing_is_behind_and_the_default_scope_has_the_baseline():
+    from reports.scope import choose
+
+    runs_, evals = frames([("standard", 1, "finished", 1000, {500: 3.0, 1000: 2.7}),
+                           ("control_block", 1, "finished", 1000, {500: 3.0, 1000: 2.6}),
+                           ("control_block", 2, "running", 600, {500: 3.0})])
+    choice = choose(runs_, evals, ["control_block"], "standard")
+    assert (choice.step, choice.final, choice.behind) == (1000, False, [("control_block", 2, 600)])
+    lone = runs_.iloc[[0]].assign(id=9, variant="control_block", total_steps=2000)  # launched last, no baseline
+    _, scope, others = select(pd.concat([runs_, lone]), baseline="standard")
+    assert scope.budget == 1000 and [o.budget for o in others] == [2000]
+
+
+def test_depth_weights_that_are_not_numbers_are_dropped_not_fatal():
+    from attnres.tracking.depth_maps import split
+
+    rows = [(5, "depth:1:block 1", float("nan")), (5, "depth:1:embedding", 1.0), (5, "eval_loss", 3.0)]
+    metrics, weights = split(rows)
+    assert metrics == [(5, "eval_loss", 3.0)] and [w["source"] for w in weights] == ["embedding"]

@@ -7,6 +7,8 @@ past a resume point. :func:`split` routes them to their own table at the last mo
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Sequence
 
 import pandas as pd
@@ -15,6 +17,7 @@ from sqlalchemy import Engine, delete, func, select
 from attnres.tracking.schema import DepthWeight
 
 PREFIX = "depth:"
+KEY = re.compile(r"depth:\d{1,6}:[A-Za-z0-9 ]{1,32}")  # what a valid key looks like (imports are checked)
 
 
 def key(site: int, source: str) -> str:
@@ -28,6 +31,8 @@ def split(rows: Sequence[tuple[int, str, float]]) -> tuple[list[tuple[int, str, 
     for step, k, value in rows:
         if k.startswith(PREFIX):
             site, _, source = k[len(PREFIX):].partition(":")
+            if not math.isfinite(value):  # (SQLite cannot hold NaN; a weight that is not a number says nothing)
+                continue
             weights.append({"step": int(step), "site": int(site), "source": source, "weight": float(value)})
         else:
             metrics.append((step, k, value))

@@ -169,6 +169,8 @@ def _restore(engine: Engine, run_id: int, log: _RunLog) -> None:
         row.update(update)
     row = store.parse_times(row)
     row.pop("id", None)
+    if not row.get("experiment"):  # a snapshot from before experiments: its preset's, as the migration does
+        row["experiment"] = row.get("preset", "")
     states.create(engine, states.RESTORER, str(row.pop("status")), id=run_id, **row)
 
 

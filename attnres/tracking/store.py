@@ -205,14 +205,20 @@ def drop_metrics_after(engine: Engine, run_id: int, step: int) -> None:
         depth_maps.drop_after(conn, run_id, step)
 
 
-def eval_at_step(engine: Engine, variant: str, experiment: str, step: int, exclude: int | None = None) -> float | None:
-    """Mean eval loss of a variant's runs (same experiment) at ``step``; None if none reached it."""
+def eval_at_step(engine: Engine, variant: str, experiment: str, step: int, exclude: int | None = None,
+                 preset: str | None = None, total_steps: int | None = None) -> float | None:
+    """Mean eval loss of a variant's runs (same experiment, and preset and budget when given) at ``step``;
+    None if none reached it."""
     q = (select(func.avg(Metric.value)).join(Run, Run.id == Metric.run_id)
          .join(MetricKey, MetricKey.id == Metric.key_id)
          .where(Run.variant == variant, Run.experiment == experiment, MetricKey.name == "eval_loss",
                 Metric.step == step))
     if exclude is not None:
         q = q.where(Run.id != exclude)
+    if preset is not None:
+        q = q.where(Run.preset == preset)
+    if total_steps is not None:
+        q = q.where(Run.total_steps == total_steps)
     with engine.connect() as conn:
         value = conn.execute(q).scalar()
     return None if value is None else float(value)

@@ -44,7 +44,7 @@ class RunRecorder:
         self.engine, self.run_id = engine, run_id
         run = store.get_run(engine, run_id)
         self.rule = json.loads(run.rule_json) if run.rule_json else None
-        self.experiment = run.experiment
+        self.scope = {"experiment": run.experiment, "preset": run.preset, "total_steps": run.total_steps}
         self.writer = MetricWriter(engine, run_id, store.spool_path(run))
         if self.writer.spool.exists() and self.writer.spool.stat().st_size:
             spool.ingest(engine, self.writer.spool)  # what an earlier attempt could not write
@@ -69,12 +69,13 @@ class RunRecorder:
         self.writer.update_run(step=step, heartbeat_at=store.now())
 
     def verdict(self, step: int, eval_loss: float) -> str | None:
-        """The early-stop rule: worse than the baseline's mean eval loss (same experiment) by more than ``by``."""
+        """The early-stop rule: worse than the baseline's mean eval loss (same experiment, preset and budget)
+        by more than ``by``."""
         r = self.rule
         if r is None or step != r["at_step"]:
             return None
         try:
-            base = store.eval_at_step(self.engine, r["baseline"], self.experiment, step, exclude=self.run_id)
+            base = store.eval_at_step(self.engine, r["baseline"], step=step, exclude=self.run_id, **self.scope)
         except SQLAlchemyError:
             return None  # the database is away: no verdict, training goes on
         if base is None or eval_loss <= base + r["by"]:

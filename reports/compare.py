@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from reports.stats import ReportError, finite, mean_ci, paired, seeds_needed, welch
+from reports.stats import ReportError, finite, mean_ci, versus
 
 
 def aligned_evals(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
@@ -33,22 +33,18 @@ def seed_stats(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str], ste
     test over shared seeds, and the seeds per arm an exact t-test power calculation asks for."""
     at = finite(evals)[lambda e: e["step"] == step].merge(runs[["id", "variant", "seed"]], left_on="run_id",
                                                            right_on="id")
-    ref = at.loc[at["variant"] == variants[0], "value"].to_numpy()
-    ref_by_seed = dict(zip(at.loc[at["variant"] == variants[0], "seed"], ref, strict=True))
-    ref_std = float(np.std(ref, ddof=1)) if len(ref) > 1 else math.nan
+    by_seed = {v: dict(zip(g["seed"], g["value"], strict=True)) for v, g in at.groupby("variant")}
+    ref = by_seed.get(variants[0], {})
     rows = []
     for v in variants:
-        mine = at[at["variant"] == v]
-        vals = mine["value"].to_numpy()
-        mean, std, lo, hi = mean_ci(vals)
-        first = v == variants[0]
-        delta = mean - float(np.mean(ref)) if len(ref) and len(vals) else math.nan
-        t, p = welch(vals, ref) if not first else (math.nan, math.nan)
-        pairs, _, pt, pp = paired(dict(zip(mine["seed"], vals, strict=True)), ref_by_seed) if not first else \
-            (0, math.nan, math.nan, math.nan)
-        rows.append({"variant": v, "seeds": len(vals), "mean": mean, "std": std, "ci_low": lo, "ci_high": hi,
-                     "delta": delta, "welch_t": t, "welch_p": p, "paired_n": pairs, "paired_t": pt, "paired_p": pp,
-                     "seeds_needed": seeds_needed(delta, std, ref_std) if not first else math.nan})
+        mine = by_seed.get(v, {})
+        mean, std, lo, hi = mean_ci(np.array(list(mine.values())))
+        ev = versus(mine, ref) if v != variants[0] else dict.fromkeys(["t", "p", "paired_t", "paired_p",
+                                                                      "seeds_needed"], math.nan) | {"pairs": 0}
+        delta = mean - float(np.mean(list(ref.values()))) if ref and mine else math.nan
+        rows.append({"variant": v, "seeds": len(mine), "mean": mean, "std": std, "ci_low": lo, "ci_high": hi,
+                     "delta": delta, "welch_t": ev["t"], "welch_p": ev["p"], "paired_n": ev["pairs"],
+                     "paired_t": ev["paired_t"], "paired_p": ev["paired_p"], "seeds_needed": ev["seeds_needed"]})
     return pd.DataFrame(rows)
 
 

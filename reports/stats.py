@@ -132,6 +132,20 @@ def seeds_needed(delta: float, std_a: float, std_b: float, alpha: float = ALPHA,
     return float(hi)
 
 
+def versus(a: dict[int, float], b: dict[int, float]) -> dict[str, float]:
+    """How sure the difference of arm ``a`` from arm ``b`` (seed -> value) is: Δ of means, Welch t/p, the
+    paired test over shared seeds, the seeds per arm to resolve it, and whether it is resolved (p < 0.05
+    with >= 2 seeds on both sides). The one place the report and ``compare`` get their evidence."""
+    x, y = np.array(list(a.values()), dtype=float), np.array(list(b.values()), dtype=float)
+    delta = float(np.mean(x) - np.mean(y)) if len(x) and len(y) else math.nan
+    t, p = welch(x, y)
+    pairs, pdelta, pt, pp = paired(a, b)
+    need = seeds_needed(delta, mean_ci(x)[1], mean_ci(y)[1])
+    return {"delta": delta, "t": t, "p": p, "n": len(x), "n_base": len(y), "pairs": pairs, "paired_delta": pdelta,
+            "paired_t": pt, "paired_p": pp, "seeds_needed": need,
+            "resolved": len(x) >= 2 and len(y) >= 2 and p == p and p < 0.05}
+
+
 MAX_STARS = 5
 
 

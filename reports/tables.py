@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from reports.stats import ReportError, eval_at, mean_ci, paired, seeds_needed, stars, welch
+from reports.stats import ReportError, eval_at, mean_ci, stars, versus
 
 
 def _fmt_seeds(seeds: list[int]) -> str:
@@ -18,7 +18,8 @@ def _fmt_seeds(seeds: list[int]) -> str:
     return f"{len(seeds)} {word} ({', '.join(str(s) for s in seeds)})"
 
 
-def _num(x: float, spec: str, none: str = "—") -> str:
+def num(x: float, spec: str, none: str = "—") -> str:
+    """``x`` formatted, or ``none`` when it is missing or not finite."""
     return none if x is None or not math.isfinite(x) else format(x, spec)
 
 
@@ -63,7 +64,7 @@ def value_text(mean: float, std: float, seeds: list[int]) -> str:
     """'2.690 ± 0.006 (mean of 4)' or '2.691 (seed 1337)': the number says what it is."""
     if len(seeds) == 1:
         return f"{mean:.3f} (seed {seeds[0]})"
-    return f"{mean:.3f} ± {_num(std, '.3f', '?')} (mean of {len(seeds)})"
+    return f"{mean:.3f} ± {num(std, '.3f', '?')} (mean of {len(seeds)})"
 
 
 def completed(table: pd.DataFrame, baseline: str, behind: list[tuple[str, int, int]] | None = None) -> pd.DataFrame:
@@ -81,27 +82,19 @@ def completed(table: pd.DataFrame, baseline: str, behind: list[tuple[str, int, i
         "Eval Loss": [value_text(e, s, seeds) + star.get(m, "")
                       for e, s, seeds, m in zip(t["eval"], t["std"], t["seeds"], t["mark"], strict=True)],
         "Δ vs Baseline": ["—" if v == baseline else f"{d:+.3f}" for v, d in zip(t["variant"], t["delta"], strict=True)],
-        "Train Loss (final)": [_num(x, ".3f") + (star.get(m, "") if math.isfinite(x) else "")
+        "Train Loss (final)": [num(x, ".3f") + (star.get(m, "") if math.isfinite(x) else "")
                                for x, m in zip(t["train"], t["mark"], strict=True)],
         "Seeds": [_fmt_seeds(s) + "".join(f"; {g}" for g in going.get(v, []))
                   for v, s in zip(t["variant"], t["seeds"], strict=True)],
-        "Throughput": [_num(x / 1000, ".1f") + ("k tok/s" if math.isfinite(x) else "") for x in t["tokens_per_s"]],
+        "Throughput": [num(x / 1000, ".1f") + ("k tok/s" if math.isfinite(x) else "") for x in t["tokens_per_s"]],
     })
     out.attrs["footnotes"] = [f"{s}{m}." for m, s in star.items()]
     return out.reset_index(drop=True)
 
 
 def evidence(row: pd.Series, base: pd.Series) -> dict[str, float]:
-    """How sure a variant's difference from the baseline is: Δ, Welch t/p, the paired test over shared
-    seeds, and the seeds per arm an exact t-test power calculation asks for (α 0.05, power 0.8)."""
-    a, b = np.array(list(row["values"].values())), np.array(list(base["values"].values()))
-    delta = float(np.mean(a) - np.mean(b))
-    t, p = welch(a, b)
-    pairs, pdelta, pt, pp = paired(row["values"], base["values"])
-    need = seeds_needed(delta, row["std"], base["std"])
-    return {"delta": delta, "t": t, "p": p, "n": len(a), "n_base": len(b), "pairs": pairs, "paired_delta": pdelta,
-            "paired_t": pt, "paired_p": pp, "seeds_needed": need,
-            "resolved": len(a) >= 2 and len(b) >= 2 and p == p and p < 0.05}
+    """How sure a variant's difference from the baseline is (:func:`reports.stats.versus` of their seeds)."""
+    return versus(row["values"], base["values"])
 
 
 def multi_seed(runs: pd.DataFrame, table: pd.DataFrame, baseline: str, step: int) -> dict[str, pd.DataFrame]:
@@ -116,10 +109,10 @@ def multi_seed(runs: pd.DataFrame, table: pd.DataFrame, baseline: str, step: int
         vals = np.array([row["values"][s] for s in row["seeds"]])
         mean, std, lo, hi = mean_ci(vals)
         trains = [float(train.get(row["run_ids"][s], math.nan)) for s in row["seeds"]]
-        rows = [{"Seed": str(s), f"Eval Loss @ {step}": f"{row['values'][s]:.3f}", "Final Train Loss": _num(tr, ".3f")}
+        rows = [{"Seed": str(s), f"Eval Loss @ {step}": f"{row['values'][s]:.3f}", "Final Train Loss": num(tr, ".3f")}
                 for s, tr in zip(row["seeds"], trains, strict=True)]
         rows.append({"Seed": "Mean", f"Eval Loss @ {step}": f"{mean:.3f}",
-                     "Final Train Loss": _num(float(np.nanmean(trains)) if np.isfinite(trains).any() else math.nan,
+                     "Final Train Loss": num(float(np.nanmean(trains)) if np.isfinite(trains).any() else math.nan,
                                               ".3f")})
         rows.append({"Seed": "Std", f"Eval Loss @ {step}": f"{std:.4f}", "Final Train Loss": ""})
         rows.append({"Seed": "95% CI", f"Eval Loss @ {step}": f"[{lo:.3f}, {hi:.3f}]", "Final Train Loss": ""})
@@ -193,7 +186,7 @@ def cost_benefit(table: pd.DataFrame, baseline: str) -> pd.DataFrame:
     return pd.DataFrame({
         "Variant": t["variant"],
         "Quality (eval Δ)": [f"{stars(d)} ({d:+.3f})" for d in t["delta"]],
-        "Speed Cost": [_num(s, "+.0f") + ("%" if math.isfinite(s) else "") for s in t["speed"]],
-        "Memory Cost": [_num(m, "+.0f") + ("%" if math.isfinite(m) else "") for m in t["memory"]],
+        "Speed Cost": [num(s, "+.0f") + ("%" if math.isfinite(s) else "") for s in t["speed"]],
+        "Memory Cost": [num(m, "+.0f") + ("%" if math.isfinite(m) else "") for m in t["memory"]],
         "Verdict": [verdict(i, r) for i, r in t.iterrows()],
     }, columns=cols).reset_index(drop=True)

@@ -40,8 +40,12 @@ demo: install
 lint: install
 	$(BIN)/ruff check .
 
+# Two test processes: most of a test's time is a run's processes starting (one core each) and polls,
+# so two tests at once use both cores; SLURM's tests share one worker (its one node).
+TEST_WORKERS ?= 2
+
 test: install lint
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadgroup
 
 clean:
 	rm -rf $(VENV) runs.db runs.db-* data logs checkpoints reports/*.png attnres-results.md

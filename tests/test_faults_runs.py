@@ -149,14 +149,22 @@ def test_a_cut_checkpoint_falls_back_to_the_previous_one_and_restart_starts_over
     attnres("kill", "--all")
     again = attnres("resume", "1")
     assert again.returncode == 2 and "only failed, killed, preempted" in again.stderr
-    # a killed run can be started over instead: its checkpoints are set aside, its metrics dropped
-    short = issue_run(30)
-    attnres("launch", "standard", "--seeds", "2", *short, "--set", "checkpoint_every=2", "--detach", check=True)
+    # a killed run can be started over instead: its checkpoints are set aside, its metrics dropped. The run is
+    # too long to finish, so the kill always finds it going however fast the machine.
+    attnres("launch", "standard", "--seeds", "2", *issue_run(100_000), "--set", "checkpoint_every=2", "--detach",
+            check=True)
     wait_for(lambda: len(runs(workdir)) == 2 and runs(workdir)[1]["step"] >= 5)
     attnres("kill", "2", check=True)
-    restarted = attnres("resume", "2", "--restart", check=True).stdout
-    assert "run 2: finished" in restarted and (workdir / "checkpoints" / "run-2.restart-1").is_dir()
-    assert train_steps(workdir / "runs.db", 2) == list(range(1, 31))
+    with sqlite3.connect(workdir / "runs.db") as conn:  # a row the restarted run cannot have written yet
+        conn.execute("insert into metrics (run_id, key_id, step, value) select 2, id, 99999, 0.0 from metric_keys "
+                     "where name = 'train_loss'")
+    restarted = attnres("resume", "2", "--restart", "--detach", check=True)
+    assert 99999 not in train_steps(workdir / "runs.db", 2), restarted.stdout
+    assert (workdir / "checkpoints" / "run-2.restart-1" / "last.pt").is_file()
+    wait_for(lambda: runs(workdir)[1]["status"] == "running" and len(train_steps(workdir / "runs.db", 2)) >= 3)
+    steps = train_steps(workdir / "runs.db", 2)
+    assert steps == list(range(1, len(steps) + 1))  # from step 1 again
+    attnres("kill", "2", check=True)
 
 
 def test_ctrl_c_on_a_foreground_grid_preempts_it_and_a_relaunch_continues_it(workdir):

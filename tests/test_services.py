@@ -30,6 +30,7 @@ def test_postgres_holds_a_runs_metrics(workdir, pg_url):
 
 
 @pytest.mark.skipif(not SLURM, reason="SLURM not started (.ci/services.sh start sets ATTNRES_TEST_SLURM)")
+@pytest.mark.xdist_group("slurm")  # one node: its jobs run one test at a time
 def test_slurm_runs_a_tiny_grid_through_sbatch_to_finished(workdir):
     out = attnres("launch", "standard", "control_block", "--seeds", "1", "--steps", "6", *FAST,
                   "--backend", "slurm", check=True).stdout
@@ -47,6 +48,7 @@ def test_slurm_runs_a_tiny_grid_through_sbatch_to_finished(workdir):
 
 
 @pytest.mark.skipif(not SLURM, reason="SLURM not started (.ci/services.sh start sets ATTNRES_TEST_SLURM)")
+@pytest.mark.xdist_group("slurm")  # one node: its jobs run one test at a time
 def test_slurm_kill_cancels_the_job(workdir):
     attnres("launch", "standard", "--seeds", "9", "--steps", "5000", *FAST, "--backend", "slurm", check=True)
     wait_for(lambda: runs(workdir)[0]["status"] == "running")
@@ -58,6 +60,7 @@ def test_slurm_kill_cancels_the_job(workdir):
 
 
 @pytest.mark.skipif(not SLURM, reason="SLURM not started (.ci/services.sh start sets ATTNRES_TEST_SLURM)")
+@pytest.mark.xdist_group("slurm")  # one node: its jobs run one test at a time
 def test_slurm_requeue_resumes_from_the_checkpoint(workdir):
     attnres("launch", "standard", "--seeds", "4", "--steps", "80", *FAST, "--set", "checkpoint_every=5",
             "--backend", "slurm", check=True)

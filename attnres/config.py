@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, get_args, get_origin, get_type_hints
@@ -51,6 +52,36 @@ class ResidualSpec:
         if self.n_blocks > 0:
             return max(1, math.ceil(n_steps / self.n_blocks))
         return self.block_size
+
+    def source_plan(self, n_steps: int) -> list[list[tuple[str, int]]]:
+        """Per site (every step's input, then the readout), the (kind, depth position) of each source
+        it attends to, in the order the residual module gives them; worked out without tensors, so
+        ``attnres variants`` needs no model ([] for the standard residual)."""
+        if self.kind != "depth":
+            return []
+        block_size = self.blocks_for(n_steps)
+        plan: list[list[tuple[str, int]]] = []
+        completed: list[tuple[str, int]] = [("embedding", 0)]
+        window: deque[tuple[str, int]] = deque(maxlen=self.window or None)
+        count = 0
+        for site in range(n_steps + 1):
+            site_pos = site // block_size + 1
+            shared = [src for src in completed if self.allowed(site_pos, src[1])]
+            own = [("partial", site_pos)] if count and self.partial else []
+            plan.append(shared + own + list(reversed(window)))
+            count += 1
+            if self.window:
+                window.append(("window", site_pos))
+            if count == block_size:
+                completed.append(("block", site_pos))
+                count = 0
+        return plan
+
+    def allowed(self, site_pos: int, pos: int) -> bool:
+        """Whether a site at depth ``site_pos`` attends to the completed source at ``pos`` (sparse variants)."""
+        if not self.sparse_near:
+            return True
+        return site_pos - pos <= self.sparse_near or pos % self.sparse_stride == 0
 
 
 @dataclass(frozen=True)

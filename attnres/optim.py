@@ -10,8 +10,11 @@ component cannot land in a group by accident.
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported where a model is at hand: `attnres variants` prints RULE without it
+    import torch
+    from torch import nn
 
 #: role -> weight decay applies. Modules name the roles of their own parameters in ``PARAM_ROLES``;
 #: ``nn.Linear`` and ``nn.Embedding`` are known here.
@@ -34,6 +37,8 @@ RULE = ("Weight decay applies to weight matrices: linear layers, the tied embedd
 
 def parameter_roles(model: nn.Module) -> dict[str, str]:
     """Every distinct parameter's name (tied weights under their first name) and its role."""
+    from torch import nn
+
     roles: dict[str, str] = {}
     seen: set[int] = set()
     for mod_name, module in model.named_modules():
@@ -66,6 +71,8 @@ def decay_groups(model: nn.Module) -> dict[bool, list[str]]:
 def build_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float],
                     fused: bool = False) -> torch.optim.Optimizer:
     """AdamW with two groups: decayed (weight_decay) and not (0), chosen by :func:`decay_groups`."""
+    import torch
+
     params = dict(model.named_parameters())  # tied weights appear once, under their first name
     groups = decay_groups(model)
     return torch.optim.AdamW(

@@ -2,42 +2,56 @@
 
 from __future__ import annotations
 
-import pandas as pd
+from typing import TYPE_CHECKING
+
 from sqlalchemy import Engine
 
 from attnres.tracking import states, store
 from attnres.variants import superseded
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _fmt(x: float | None, spec: str) -> str:
     return "—" if x is None or x != x else format(x, spec)
 
 
-def status_rows(engine: Engine, experiment: str | None = None, preset: str | None = None) -> list[dict[str, object]]:
-    """One row per run (of one experiment or preset, or all) with its progress and latest metrics."""
-    runs = store.runs_frame(engine, experiment=experiment, preset=preset)
-    if runs.empty:
-        return []
-    last = store.latest_metrics(engine, ["train_loss", "eval_loss", "tokens_per_s", "peak_memory_bytes"],
-                                runs["id"].tolist())
+RECENT = 20  # runs `attnres status` lists beside the active ones, unless --all
+KEYS = ["train_loss", "eval_loss", "tokens_per_s", "peak_memory_bytes"]
+
+
+def status_rows(engine: Engine, experiment: str | None = None, preset: str | None = None,
+                recent: int | None = RECENT) -> tuple[list[dict[str, object]], int]:
+    """One row per run with its progress and latest metrics: every active run and the ``recent`` newest
+    (None: every run) of one experiment or preset, or all; and how many runs match in all.
+
+    Plain rows and primary-key lookups (no pandas, no torch): the command answers at once however
+    many runs and metric rows the database holds.
+    """
+    runs, total = store.status_runs(engine, experiment, preset, recent)
+    last = store.latest_values(engine, [int(r["id"]) for r in runs], KEYS)
     rows = []
-    for r in runs.itertuples():
-        m: dict[str, float] = last.loc[r.id].to_dict() if r.id in last.index else {}
-        status = r.status + (f" @{int(r.stop_step)}" if pd.notna(r.stop_step) else "")
+    for r in runs:
+        m = last[int(r["id"])]
+        memory = m.get("peak_memory_bytes")
         rows.append({
-            "run": r.id, "experiment": r.experiment,
-            "variant": r.variant + (" (old revision)" if superseded(r.variant, r.config_json) else ""),
-            "status": status, "seed": r.seed,
-            "step": f"{r.step}/{r.total_steps}",
+            "run": r["id"], "experiment": r["experiment"],
+            "variant": str(r["variant"]) + (" (old revision)" if superseded(str(r["variant"]), str(r["config_json"]))
+                                            else ""),
+            "status": str(r["status"]) + (f" @{int(r['stop_step'])}" if r["stop_step"] is not None else ""),
+            "seed": r["seed"], "step": f"{r['step']}/{r['total_steps']}",
             "train loss": _fmt(m.get("train_loss"), ".3f"), "eval loss": _fmt(m.get("eval_loss"), ".3f"),
             "tok/s": _fmt(m.get("tokens_per_s"), ",.0f"),
-            "memory MiB": _fmt(m.get("peak_memory_bytes", float("nan")) / 2**20, ",.0f"),
+            "memory MiB": _fmt(None if memory is None else memory / 2**20, ",.0f"),
         })
-    return rows
+    return rows, total
 
 
 def _cell(run: pd.Series) -> str:
     """One grid cell: state, progress and, while running, an ETA from the pace so far."""
+    import pandas as pd
+
     text = f"{run.status} {run.step}/{run.total_steps}"
     if run.status == states.RUNNING and run.step and pd.notna(run.started_at):
         elapsed = (store.now() - run.started_at).total_seconds()

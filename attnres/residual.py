@@ -143,29 +143,8 @@ class DepthAttention(nn.Module):
 
     def source_plan(self) -> list[list[tuple[str, int]]]:
         """Per site, the (kind, depth position) of each source it attends to, in the order
-        :meth:`forward` gives them, worked out without tensors (``attnres variants`` shows it)."""
-        plan: list[list[tuple[str, int]]] = []
-        completed: list[tuple[str, int]] = [("embedding", 0)]
-        window: deque[tuple[str, int]] = deque(maxlen=self.spec.window or None)
-        count = 0
-        for site in range(self.n_steps + 1):
-            site_pos = site // self.block_size + 1
-            shared = [src for src in completed if self._allowed(site_pos, src[1])]
-            own = [("partial", site_pos)] if count and self.spec.partial else []
-            plan.append(shared + own + list(reversed(window)))
-            count += 1
-            if self.spec.window:
-                window.append(("window", site_pos))
-            if count == self.block_size:
-                completed.append(("block", site_pos))
-                count = 0
-        return plan
-
-    def _allowed(self, site_pos: int, pos: int) -> bool:
-        s = self.spec
-        if not s.sparse_near:
-            return True
-        return site_pos - pos <= s.sparse_near or pos % s.sparse_stride == 0
+        :meth:`forward` gives them (see :meth:`ResidualSpec.source_plan`)."""
+        return self.spec.source_plan(self.n_steps)
 
     def _rotate(self, x: Tensor, dist: Tensor) -> Tensor:
         """Rotate channel pairs of ``x`` (..., D) by ``dist * inv_freq``; ``dist`` (n,) -> (n, ..., D).
@@ -279,7 +258,7 @@ class DepthAttention(nn.Module):
             # the sites that share these completed sources: the rest of the block (+ the final norm)
             end = min(site_pos * self.block_size, self.n_steps + 1) if not self.spec.query_rank else i + 1
             sites = list(range(i, end))
-            shared = [src for src in completed if self._allowed(site_pos, src.pos)]
+            shared = [src for src in completed if self.spec.allowed(site_pos, src.pos)]
             if len(sites) > 1:
                 outs, lses, weights = self._attend(shared, sites, site_pos, state)
             for j, site in enumerate(sites):

@@ -8,13 +8,13 @@ from attnres.errors import AttnresError
 from attnres.variants import ALIASES, VARIANTS, resolve_run
 
 if TYPE_CHECKING:
-    from attnres.model import GPT
+    from attnres.config import ModelConfig
 
 
-def depth_sources(model: GPT) -> list[int]:
+def depth_sources(cfg: ModelConfig) -> list[int]:
     """How many sources each depth-attention site attends to ([] for the standard residual)."""
-    plan = getattr(model.residual, "source_plan", None)
-    return [len(sources) for sources in plan()] if plan else []
+    n_steps = cfg.n_layer * (2 if cfg.residual.granularity == "sublayer" else 1)
+    return [len(sources) for sources in cfg.residual.source_plan(n_steps)]
 
 
 PARAM_COLUMNS = ["step queries", "readout query", "key gains", "other"]
@@ -27,11 +27,11 @@ PARAMS_NOTE = ("Depth-attention parameters. step queries: those of the layers' (
 
 
 def variant_rows(preset: str | None) -> list[dict[str, object]]:
-    """Name, description, revision, depth sources (min-max over sites) and, at a preset, parameters."""
-    import torch
+    """Name, description, revision and depth sources (min-max over sites); at a preset, parameters.
 
-    from attnres.model import GPT
-
+    The plain listing is worked out from the configs alone (no torch, no model: it answers at once);
+    parameter counts need the models, built on the meta device, so only ``--params`` builds them.
+    """
     aliases = {v: [a for a, t in ALIASES.items() if t == v] for v in VARIANTS}
     rows = []
     for name, v in VARIANTS.items():
@@ -41,21 +41,26 @@ def variant_rows(preset: str | None) -> list[dict[str, object]]:
             rows.append({"variant": name, "shape": "refused", "sources": "—", **dict.fromkeys(PARAM_COLUMNS, "—"),
                          "depth": "—", "total": f"{exc}".split(": ")[-1]})
             continue
-        with torch.device("meta"):
-            model = GPT(cfg)
-        counts = depth_sources(model)
-        params = model.num_params()
+        counts = depth_sources(cfg)
         sources = f"{min(counts)}-{max(counts)}" if counts else "all"
         if preset:  # a parameter table: the descriptions and aliases are in the plain listing
-            split = model.residual.param_counts() if hasattr(model.residual, "param_counts") else {}
-            row: dict[str, object] = {"variant": name, "shape": f"{cfg.n_layer}L d{cfg.d_model}", "sources": sources}
-            for key in PARAM_COLUMNS:
-                row[key] = f"{split[key]:,}" if split else "—"
-            row["depth"] = f"{params['residual_extra']:,}"
-            row["total"] = f"{params['total'] / 1e6:,.1f}M"
+            rows.append({"variant": name, "shape": f"{cfg.n_layer}L d{cfg.d_model}", "sources": sources,
+                         **_param_columns(cfg)})
         else:
-            row = {"variant": name + (f" ({', '.join(aliases[name])})" if aliases[name] else ""),
-                   "rev": v.revision, "description": v.description, "depth sources": sources,
-                   "extra params": f"{params['residual_extra']:,}"}
-        rows.append(row)
+            rows.append({"variant": name + (f" ({', '.join(aliases[name])})" if aliases[name] else ""),
+                         "rev": v.revision, "description": v.description, "depth sources": sources})
     return rows
+
+
+def _param_columns(cfg: ModelConfig) -> dict[str, str]:
+    """A model's depth-attention parameters by job, their sum and the model's total (built on meta)."""
+    import torch
+
+    from attnres.model import GPT
+
+    with torch.device("meta"):
+        model = GPT(cfg)
+    params = model.num_params()
+    split = model.residual.param_counts() if hasattr(model.residual, "param_counts") else {}
+    row = {key: f"{split[key]:,}" if split else "—" for key in PARAM_COLUMNS}
+    return {**row, "depth": f"{params['residual_extra']:,}", "total": f"{params['total'] / 1e6:,.1f}M"}

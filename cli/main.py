@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich import box
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -134,6 +133,8 @@ class RunBars:
         from attnres.tracking import store
 
         if self.progress is None:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
             columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
             self.progress = Progress(*columns, console=console)
             self.progress.start()
@@ -245,13 +246,14 @@ def logs(
 def status(
     watch: Annotated[bool, typer.Option("--watch", help="live grid view: variants x seeds, until Ctrl-C")] = False,
     interval: Annotated[float, typer.Option(min=0.1, max=3600, help="--watch refresh seconds")] = 2.0,
+    all_: Annotated[bool, typer.Option("--all", help="every run (default: the active and 20 most recent)")] = False,
     experiment: ExperimentOpt = None,
     preset: PresetOpt = None,
     db: DbOpt = None,
 ) -> None:
-    """Live state of every run (runs whose process died are marked failed first)."""
-    from attnres import orchestrator
-    from attnres.overview import grid_rows, status_rows
+    """Live state of the runs: active ones and the most recent (runs whose process died are marked failed first)."""
+    from attnres import backends
+    from attnres.overview import RECENT, grid_rows, status_rows
     from attnres.tracking import states
     from attnres.tracking.db import exists, get_engine
 
@@ -263,7 +265,7 @@ def status(
         from rich.live import Live
 
         def render() -> Table:
-            orchestrator.reconcile(engine)
+            backends.reconcile(engine)
             header, rows = grid_rows(engine, experiment, preset)
             table = Table(title="attnres grid (Ctrl-C to leave)")
             for col in header:
@@ -279,8 +281,8 @@ def status(
                     live.update(render())
         except KeyboardInterrupt:
             return
-    orchestrator.reconcile(engine)
-    rows = status_rows(engine, experiment, preset)
+    backends.reconcile(engine)
+    rows, total = status_rows(engine, experiment, preset, None if all_ else RECENT)
     if not rows:
         console.print("no runs match the filter" if experiment or preset
                       else "no runs yet: start one with `attnres launch standard --seeds 42`")
@@ -294,6 +296,9 @@ def status(
         cells = [str(v) for v in row.values()]
         cells[3] = f"[{colors.get(row['status'].split()[0], 'red')}]{cells[3]}[/]"
         table.add_row(*cells)
+    if len(rows) < total:
+        table.caption = (f"{len(rows)} of {total} runs: the active ones and the {RECENT} most recent "
+                         "(--all for every run)")
     console.print(table)
 
 

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cli.app import DbOpt, ExperimentOpt, PresetOpt, app, console, data_app, db_app, err
@@ -45,29 +44,45 @@ def import_cmd(
 @app.command()
 def bench(
     target: Annotated[list[str] | None, typer.Argument(
-        help="variants to race against standard (default: every variant with a target), or data | report")] = None,
+        help="variants to race against standard (default: every variant with a target), or data | report | "
+             "tracker")] = None,
     preset: Annotated[str, typer.Option(help="variants: model size (default `bench`: 12L d512, vocab 512)")] = "bench",
-    steps: Annotated[int | None, typer.Option(help="variants: timed steps (10); report: steps per run (6000)")] = None,
+    steps: Annotated[int | None, typer.Option(
+        help="variants: timed steps (10); report: steps per run (6000; tracker: 3000)")] = None,
     warmup: Annotated[int, typer.Option(min=0, help="variants: untimed steps first")] = 1,
     set_: Annotated[list[str] | None, typer.Option("--set", help="variants: override KEY=VALUE")] = None,
     device: Annotated[str | None, typer.Option(help="variants: cpu | cuda (default: cuda if present)")] = None,
     megabytes: Annotated[float, typer.Option(help="bench data: text size")] = 8.0,
-    runs: Annotated[int, typer.Option(help="bench report: runs")] = 200,
+    runs: Annotated[int | None, typer.Option(help="bench report: runs (200; tracker: 40)")] = None,
+    rows: Annotated[int, typer.Option(help="bench tracker: metric rows to ingest")] = 100_000,
+    status_runs: Annotated[int, typer.Option(help="bench tracker: runs `attnres status` lists from")] = 1000,
     json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
     """Benchmarks measured side by side in one process: variants vs standard, data preparation, reports."""
     import json
 
     kind = target[0] if target else "variants"
-    if kind in {"data", "report"}:
+    if kind in {"data", "report", "tracker"}:
         if kind == "data":
             from attnres.bench.data import bench_data
 
             result = bench_data(megabytes)
-        else:
+        elif kind == "report":
             from reports.bench import bench_report
 
-            result = bench_report(runs, 6000 if steps is None else steps)
+            result = bench_report(200 if runs is None else runs, 6000 if steps is None else steps)
+        else:
+            from rich.progress import Progress, TextColumn, TimeElapsedColumn  # (not on status's path)
+
+            from attnres.bench.tracker import bench_tracker
+            from reports.build import write_report
+
+            with Progress(TextColumn("{task.description}"), TimeElapsedColumn(), console=err, disable=json_out,
+                          transient=True) as bar:
+                task = bar.add_task("tracker")
+                result = bench_tracker(write_report, rows, 40 if runs is None else runs,
+                                       3000 if steps is None else steps, status_runs,
+                                       progress=lambda msg: bar.update(task, description=msg))
         if json_out:
             console.print_json(json.dumps(result))
             return
@@ -81,6 +96,8 @@ def bench(
     from attnres.bench.variants import TARGETS, bench_models
 
     names = list(target or TARGETS)
+    from rich.progress import Progress, TextColumn, TimeElapsedColumn  # (not on status's path)
+
     with Progress(TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
                   disable=json_out, transient=True) as bar:
         task = bar.add_task("building models")
@@ -164,6 +181,8 @@ def data_prepare(
     from attnres.data.prepare import prepare, source_for
 
     src, target = source_for(source, data_files, config, max_tokens, eval_fraction, out)
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # (not on status's path)
+
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[rate]}"),
                   TimeElapsedColumn(), console=console) as bar:
         task = bar.add_task("tokenizing", total=max_tokens or None, rate="")

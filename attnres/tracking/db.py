@@ -6,15 +6,17 @@ import os
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config as AlembicConfig
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
 
 from attnres import paths
 from attnres.errors import AttnresError
 from attnres.tracking.schema import Base
+
+if TYPE_CHECKING:
+    from alembic.config import Config as AlembicConfig
 
 
 def default_url() -> str:
@@ -115,6 +117,11 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def db_identity(engine: Engine) -> tuple[int, int] | None:
+    """The (device, inode) of a SQLite engine's file as last checked (None for a server database)."""
+    return _FILES.get(id(engine))
+
+
 def check_location(engine: Engine) -> None:
     """Raise OSError when a SQLite engine's file is gone; a replaced file drops the pool's connections
     (so they open the file now at the path) and is taken as the engine's file from here on."""
@@ -132,6 +139,8 @@ HEAD = "0004"  # the newest Alembic revision under migrations/versions
 
 
 def _alembic(conn: Connection) -> AlembicConfig:
+    from alembic.config import Config as AlembicConfig  # (imported when a schema is made or migrated: not for status)
+
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
     cfg.attributes["connection"] = conn
@@ -162,6 +171,8 @@ def _check_schema(engine: Engine, create: bool) -> None:
     rev = revision(engine)
     if rev is None:
         if create:
+            from alembic import command
+
             Base.metadata.create_all(engine)
             with engine.begin() as conn:
                 command.stamp(_alembic(conn), HEAD)
@@ -182,6 +193,8 @@ def upgrade(db: str | None) -> tuple[str | None, str]:
     engine = create_engine(url)
     if url.startswith("sqlite"):
         event.listen(engine, "connect", _sqlite_pragmas(busy_timeout_s()))
+    from alembic import command
+
     try:
         before = revision(engine)
         with engine.begin() as conn:

@@ -10,11 +10,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import pandas as pd
 from sqlalchemy import Engine, delete, func, select
 
 from attnres.tracking.schema import DepthWeight
+
+if TYPE_CHECKING:
+    import pandas as pd  # imported where a frame is made: `attnres status` does without it
 
 PREFIX = "depth:"
 KEY = re.compile(r"depth:\d{1,6}:[A-Za-z0-9 ]{1,32}")  # what a valid key looks like (imports are checked)
@@ -23,6 +26,11 @@ KEY = re.compile(r"depth:\d{1,6}:[A-Za-z0-9 ]{1,32}")  # what a valid key looks 
 def key(site: int, source: str) -> str:
     """The metric key a depth weight travels under."""
     return f"{PREFIX}{site}:{source}"
+
+
+def any_keys(keys: set[str]) -> bool:
+    """Whether any of these metric keys is a depth weight's (most batches have none: no split needed)."""
+    return any(k.startswith(PREFIX) for k in keys)
 
 
 def split(rows: Sequence[tuple[int, str, float]]) -> tuple[list[tuple[int, str, float]], list[dict[str, object]]]:
@@ -46,6 +54,8 @@ def drop_after(conn: object, run_id: int, step: int) -> None:
 
 def maps(engine: Engine, run_ids: Sequence[int], step: int | None = None) -> pd.DataFrame:
     """Long table (run_id, step, site, source, weight); ``step`` None: each run's last recorded map."""
+    import pandas as pd
+
     cols = ["run_id", "step", "site", "source", "weight"]
     if not run_ids:
         return pd.DataFrame(columns=cols)

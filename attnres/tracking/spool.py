@@ -8,7 +8,8 @@ calls a vanished run failed) and ``attnres sync`` all call it.
 
 Lines, one JSON object each::
 
-    {"r": RUN, "s": STEP, "k": KEY, "v": VALUE}     a metric value
+    {"r": RUN, "s": STEP, "m": {KEY: VALUE, ...}}   the metric values of one step (one ``add``)
+    {"r": RUN, "s": STEP, "k": KEY, "v": VALUE}     one metric value (spools before 2026-12)
     {"run": RUN, "fields": {...}}                    bookkeeping columns (step, heartbeat, ...)
     {"run": RUN, "fields": {"status": S, ...}}       the trainer moved its run to S (states.TRAINER)
     {"run": RUN, "snapshot": {...}}                  the whole run row: recreates a lost run
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from datetime import date, datetime
 from pathlib import Path
 
 from sqlalchemy import Engine
@@ -33,14 +35,18 @@ from attnres.tracking import states, store
 from attnres.tracking.db import check_location
 
 BATCH = 5000
+# json.dumps builds an encoder per call; the training thread encodes a line per logged step, so one is kept.
+# (NaN and inf are written as JSON's usual extensions, and read back alike.)
+_encode = json.JSONEncoder(ensure_ascii=True).encode
 
 
-def metric_line(run_id: int, step: int, key: str, value: float) -> str:
-    return json.dumps({"r": run_id, "s": step, "k": key, "v": value}) + "\n"
+def metrics_line(run_id: int, step: int, values: dict[str, float]) -> str:
+    """One line for all values of a step: one encode and one write per logged step, on the training thread."""
+    return f'{{"r": {int(run_id)}, "s": {int(step)}, "m": {_encode(values)}}}\n'
 
 
 def fields_line(run_id: int, fields: dict[str, object]) -> str:
-    return json.dumps({"run": run_id, "fields": _jsonable(fields)}) + "\n"
+    return f'{{"run": {int(run_id)}, "fields": {_encode(_jsonable(fields))}}}\n'
 
 
 def snapshot_line(run_id: int, row: dict[str, object]) -> str:
@@ -52,7 +58,7 @@ def drop_line(run_id: int, step: int) -> str:
 
 
 def _jsonable(fields: dict[str, object]) -> dict[str, object]:
-    return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in fields.items()}
+    return {k: (v.isoformat() if isinstance(v, datetime | date) else v) for k, v in fields.items()}
 
 
 @dataclass
@@ -85,7 +91,12 @@ def read(spool: Path) -> tuple[dict[int, _RunLog], list[bytes]]:
 
 def _take(runs: dict[int, _RunLog], obj: dict) -> None:
     if "r" in obj:
-        runs.setdefault(int(obj["r"]), _RunLog()).metrics.append((int(obj["s"]), str(obj["k"]), float(obj["v"])))
+        step, log = int(obj["s"]), runs.setdefault(int(obj["r"]), _RunLog())
+        if "m" in obj:
+            rows = [(step, str(k), float(v)) for k, v in obj["m"].items()]  # all read before any is taken
+            log.metrics.extend(rows)
+        else:
+            log.metrics.append((step, str(obj["k"]), float(obj["v"])))
         return
     log = runs.setdefault(int(obj["run"]), _RunLog())
     if "drop_after" in obj:  # what this spool holds past the step belongs to the attempt before

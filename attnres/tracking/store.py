@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-from sqlalchemy import Engine, delete, func, select, update
+from sqlalchemy import Engine, bindparam, delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -20,7 +20,11 @@ from attnres import paths
 from attnres.config import RunConfig
 from attnres.errors import AttnresError
 from attnres.tracking import depth_maps, states
+from attnres.tracking.db import db_identity
 from attnres.tracking.schema import DepthWeight, Metric, MetricKey, Run
+
+if TYPE_CHECKING:
+    import pandas as pd  # imported where a frame is made: `attnres status` does without it
 
 
 def now() -> datetime:
@@ -106,6 +110,32 @@ def _insert_ignore(engine: Engine, table: type) -> object:
     raise AttnresError(f"unsupported database dialect '{dialect}' (use SQLite or PostgreSQL)")
 
 
+# Metric key ids, per engine and database file: a key's id never changes within one database, so the
+# writer looks each name up once, not on every batch. Keyed by the file's identity too, so a database
+# deleted and rebuilt (ids assigned anew) is looked up afresh; any failed write forgets the engine's ids.
+_KEY_CACHE: dict[tuple[int, object], dict[str, int]] = {}
+
+
+def _cached_ids(engine: Engine, names: Iterable[str]) -> dict[str, int]:
+    cache = _KEY_CACHE.setdefault((id(engine), db_identity(engine)), {})
+    missing = {n for n in names if n not in cache}
+    if missing:
+        cache.update(key_ids(engine, missing))
+    return cache
+
+
+def _metric_insert(engine: Engine) -> str:
+    """The driver-level insert-or-ignore of metric rows (positional parameters, the driver's style)."""
+    dialect = engine.dialect.name
+    mark = "?" if engine.dialect.paramstyle == "qmark" else "%s"
+    values = f"({mark}, {mark}, {mark}, {mark})"  # placeholders only: no value is formatted into SQL
+    if dialect == "sqlite":
+        return f"INSERT OR IGNORE INTO metrics (run_id, key_id, step, value) VALUES {values}"  # noqa: S608
+    if dialect == "postgresql":
+        return f"INSERT INTO metrics (run_id, key_id, step, value) VALUES {values} ON CONFLICT DO NOTHING"  # noqa: S608
+    raise AttnresError(f"unsupported database dialect '{dialect}' (use SQLite or PostgreSQL)")
+
+
 def log_metrics(engine: Engine, run_id: int, rows: Sequence[tuple[int, str, float]]) -> int:
     """Insert (step, key, value) rows for one run in one transaction; returns rows given.
 
@@ -114,14 +144,44 @@ def log_metrics(engine: Engine, run_id: int, rows: Sequence[tuple[int, str, floa
     if not rows:
         return 0
     metrics, weights = depth_maps.split(rows)
-    ids = key_ids(engine, {k for _, k, _ in metrics}) if metrics else {}
-    payload = [{"run_id": run_id, "key_id": ids[k], "step": st, "value": float(v)} for st, k, v in metrics]
-    with engine.begin() as conn:
-        if payload:
-            conn.execute(_insert_ignore(engine, Metric), payload)
-        if weights:
-            conn.execute(_insert_ignore(engine, DepthWeight), [{"run_id": run_id, **w} for w in weights])
+    keys = {k for _, k, _ in metrics}
+    _insert(engine, run_id, keys, lambda ids: ((run_id, ids[k], int(st), float(v)) for st, k, v in metrics), weights)
     return len(rows)
+
+
+def log_steps(engine: Engine, run_id: int, entries: Sequence[tuple[int, dict[str, float]]]) -> int:
+    """Insert one run's values as the trainer's writer holds them, (step, {key: value}); returns rows given.
+
+    The writer's hot path: one pass from its entries to the driver's tuples (``attnres bench tracker``
+    measures it beside raw sqlite3). Batches with depth-map keys take :func:`log_metrics`.
+    """
+    keys = set().union(*(values.keys() for _, values in entries)) if entries else set()
+    if depth_maps.any_keys(keys):
+        return log_metrics(engine, run_id, [(st, k, v) for st, values in entries for k, v in values.items()])
+    _insert(engine, run_id, keys, lambda ids: ((run_id, ids[k], st, float(v)) for st, values in entries
+                                                for k, v in values.items()), [])
+    return sum(len(values) for _, values in entries)
+
+
+def _insert(engine: Engine, run_id: int, keys: set[str], payload: Callable[[dict[str, int]], Iterable[tuple]],
+            weights: list[dict[str, object]]) -> None:
+    """Metric rows straight to the driver's ``executemany`` with key ids cached (SQLAlchemy's per-row
+    parameter processing and a key lookup per batch cost more than the insert itself), and depth
+    weights, in one transaction."""
+    try:
+        ids = _cached_ids(engine, keys) if keys else {}
+        with engine.begin() as conn:
+            if keys:  # tuples made as the driver binds them, never all held at once (nor scanned by the GC)
+                cursor = conn.connection.cursor()
+                try:
+                    cursor.executemany(_metric_insert(engine), payload(ids))
+                finally:
+                    cursor.close()
+            if weights:
+                conn.execute(_insert_ignore(engine, DepthWeight), [{"run_id": run_id, **w} for w in weights])
+    except Exception:
+        _KEY_CACHE.pop((id(engine), db_identity(engine)), None)  # the next try looks every key up again
+        raise
 
 
 # -- reads ---------------------------------------------------------------------------------------
@@ -134,6 +194,8 @@ RUN_COLUMNS = ["id", "variant", "seed", "preset", "experiment", "device", "data"
 def runs_frame(engine: Engine, statuses: Sequence[str] | None = None, experiment: str | None = None,
                preset: str | None = None) -> pd.DataFrame:
     """All runs (optionally by status, experiment, preset) as a DataFrame, one row each."""
+    import pandas as pd
+
     q = select(*[getattr(Run, c) for c in RUN_COLUMNS]).order_by(Run.id)
     if statuses:
         q = q.where(Run.status.in_(statuses))
@@ -148,6 +210,8 @@ def runs_frame(engine: Engine, statuses: Sequence[str] | None = None, experiment
 def metrics_frame(engine: Engine, keys: Sequence[str], run_ids: Sequence[int] | None = None,
                   steps: Sequence[int] | None = None) -> pd.DataFrame:
     """Long-format metrics (run_id, key, step, value) for the given keys only."""
+    import pandas as pd
+
     q = (select(Metric.run_id, MetricKey.name.label("key"), Metric.step, Metric.value)
          .join(MetricKey, MetricKey.id == Metric.key_id).where(MetricKey.name.in_(list(keys))))
     if run_ids is not None:
@@ -160,6 +224,8 @@ def metrics_frame(engine: Engine, keys: Sequence[str], run_ids: Sequence[int] | 
 
 def latest_metrics(engine: Engine, keys: Sequence[str], run_ids: Sequence[int]) -> pd.DataFrame:
     """The last value of each key for each run: a (run_id x key) table."""
+    import pandas as pd
+
     last = (select(Metric.run_id, Metric.key_id, func.max(Metric.step).label("step"))
             .join(MetricKey, MetricKey.id == Metric.key_id)
             .where(MetricKey.name.in_(list(keys)), Metric.run_id.in_(list(run_ids)))
@@ -173,6 +239,46 @@ def latest_metrics(engine: Engine, keys: Sequence[str], run_ids: Sequence[int]) 
     return df.pivot(index="run_id", columns="key", values="value") if len(df) else pd.DataFrame()
 
 
+STATUS_COLUMNS = ["id", "experiment", "variant", "seed", "status", "step", "total_steps", "stop_step", "config_json"]
+
+
+def status_runs(engine: Engine, experiment: str | None = None, preset: str | None = None,
+                recent: int | None = None) -> tuple[list[dict[str, object]], int]:
+    """What ``attnres status`` lists: every active run and the ``recent`` newest others (None: all),
+    oldest first, as plain dicts (no DataFrame: the command answers in well under a second); and
+    how many runs match the filter in all."""
+    cols = [getattr(Run, c) for c in STATUS_COLUMNS]
+    where = []
+    if experiment is not None:
+        where.append(Run.experiment == experiment)
+    if preset is not None:
+        where.append(Run.preset == preset)
+    q = select(*cols).where(*where)
+    if recent is not None:
+        newest = select(Run.id).where(*where).order_by(Run.id.desc()).limit(recent)
+        q = q.where(Run.status.in_(states.ACTIVE) | Run.id.in_(newest))
+    with engine.connect() as conn:
+        rows = [dict(zip(STATUS_COLUMNS, r, strict=True)) for r in conn.execute(q.order_by(Run.id)).all()]
+        total = conn.execute(select(func.count()).select_from(Run).where(*where)).scalar() or 0
+    return rows, int(total)
+
+
+def latest_values(engine: Engine, run_ids: Sequence[int], keys: Sequence[str]) -> dict[int, dict[str, float]]:
+    """Each run's newest value of each key: one primary-key lookup per (run, key), never a scan of the
+    run's steps (a thousand runs of long curves answer in milliseconds)."""
+    out: dict[int, dict[str, float]] = {r: {} for r in run_ids}
+    with engine.connect() as conn:
+        ids = dict(conn.execute(select(MetricKey.name, MetricKey.id).where(MetricKey.name.in_(list(keys)))).all())
+        last = (select(Metric.value).where(Metric.run_id == bindparam("run"), Metric.key_id == bindparam("key"))
+                .order_by(Metric.step.desc()).limit(1))
+        for run_id in run_ids:
+            for name, key_id in ids.items():
+                value = conn.execute(last, {"run": run_id, "key": key_id}).scalar()
+                if value is not None:
+                    out[run_id][name] = float(value)
+    return out
+
+
 def active_runs(engine: Engine) -> list[Run]:
     with Session(engine, expire_on_commit=False) as s:
         runs = list(s.scalars(select(Run).where(Run.status.in_(states.ACTIVE))))
@@ -183,6 +289,8 @@ def active_runs(engine: Engine) -> list[Run]:
 def all_metrics(engine: Engine, run_ids: Sequence[int] | None = None) -> pd.DataFrame:
     """Every metric row (run_id, key, step, value) of the runs (default all), depth maps as their keys,
     ordered: what ``attnres export`` writes and ``attnres import`` reads back."""
+    import pandas as pd
+
     q = (select(Metric.run_id, MetricKey.name.label("key"), Metric.step, Metric.value)
          .join(MetricKey, MetricKey.id == Metric.key_id))
     w = select(DepthWeight.run_id, DepthWeight.site, DepthWeight.source, DepthWeight.step, DepthWeight.weight)

@@ -28,6 +28,8 @@ from attnres.logline import say
 from attnres.tracking import spool, states, store
 from attnres.tracking.db import check_location
 
+PROGRESS = frozenset({"step", "heartbeat_at"})  # bookkeeping a later line's flush may carry to the OS
+
 
 class MetricWriter:
     """Buffered, background, spool-backed writer of one run's metrics and state."""
@@ -35,7 +37,7 @@ class MetricWriter:
     def __init__(self, engine: Engine, run_id: int, spool_path: Path, interval: float = 2.0) -> None:
         self.engine, self.run_id, self.spool, self.interval = engine, run_id, Path(spool_path), interval
         self.lock = threading.Lock()
-        self.pending: list[tuple[int, str, float]] = []
+        self.pending: list[tuple[int, dict[str, float]]] = []  # (step, values) as added; rows are made off-thread
         self.fields: dict[str, object] = {}  # bookkeeping columns, latest value wins
         self.moves: list[tuple[str, dict[str, object]]] = []  # state changes, in order
         self.drops: list[int] = []  # resume points: the database's values past them go first
@@ -53,32 +55,48 @@ class MetricWriter:
         self.thread.start()
 
     # -- producer side (training thread) ----------------------------------------------------------
-    def _append(self, line: str) -> None:
+    def _append(self, line: str, flush: bool = True) -> None:
         if not self.spool_ok:
             return
         try:
             if self._fh is None:
                 self._fh = self.spool.open("a", encoding="utf-8")
             self._fh.write(line)
-            self._fh.flush()  # into the OS: survives SIGKILL of this process
+            if flush:
+                self._fh.flush()  # into the OS: survives SIGKILL of this process
         except OSError as exc:  # disk full, unwritable folder: keep rows in memory, keep training
             self.spool_ok = False
             say(f"attnres: cannot write spool {self.spool} ({exc.strerror}); metrics kept in memory", err=True)
 
     def add(self, step: int, **values: float) -> None:
         """Record metric values of one step."""
+        line = spool.metrics_line(self.run_id, step, values)
         with self.lock:
-            for key, value in values.items():
-                self._append(spool.metric_line(self.run_id, step, key, value))
-                self.pending.append((step, key, value))
+            self._append(line)
+            self.pending.append((step, values))
 
     def update_run(self, **fields: object) -> None:
-        """Record bookkeeping columns (step, heartbeat, pid, ...) with the same guarantees."""
+        """Record bookkeeping columns (step, heartbeat, pid, ...) with the same guarantees.
+
+        A progress mark alone (step, heartbeat) goes to the OS with the next flushed line, not on its
+        own: a kill loses at most the newest mark, which the run's metric lines and checkpoint also
+        give, and the training thread saves a system call a step.
+        """
+        line = spool.fields_line(self.run_id, fields)
         with self.lock:
-            self._append(spool.fields_line(self.run_id, fields))
+            self._append(line, flush=not fields.keys() <= PROGRESS)
             self.fields.update(fields)
             if self.snapshot:
                 self.snapshot.update(fields)
+
+    def progress(self, step: int) -> None:
+        """Record the run's newest completed step (``update_run(step=...)``, made cheap: every step calls it)."""
+        line = f'{{"run": {self.run_id}, "fields": {{"step": {int(step)}}}}}\n'
+        with self.lock:
+            self._append(line, flush=False)
+            self.fields["step"] = step
+            if self.snapshot:
+                self.snapshot["step"] = step
 
     def transition(self, to: str, **fields: object) -> None:
         """Record that the trainer moved its run to ``to`` (with columns that go with the change)."""
@@ -97,7 +115,7 @@ class MetricWriter:
         """
         with self.lock:
             self._append(spool.drop_line(self.run_id, step))
-            self.pending = [row for row in self.pending if row[0] <= step]
+            self.pending = [entry for entry in self.pending if entry[0] <= step]
             self.drops.append(step)
 
     def keep_snapshot(self, row: dict[str, object]) -> None:
@@ -106,8 +124,19 @@ class MetricWriter:
             self.snapshot = dict(row)
             self._append(spool.snapshot_line(self.run_id, self.snapshot))
 
+    def _flush_spool(self) -> None:
+        """Hand lines still in this process's buffer (progress marks) to the OS."""
+        with self.lock:
+            if self._fh is not None and self.spool_ok:
+                try:
+                    self._fh.flush()
+                except OSError as exc:
+                    self.spool_ok = False
+                    say(f"attnres: cannot write spool {self.spool} ({exc.strerror}); metrics kept in memory", err=True)
+
     def flush(self, timeout: float = 60.0) -> bool:
         """Write everything now; True if the database holds it all."""
+        self._flush_spool()
         self.idle.clear()
         self.wake.set()
         self.idle.wait(timeout)
@@ -150,8 +179,9 @@ class MetricWriter:
                 return
 
     def _write_once(self) -> None:
+        self._flush_spool()  # progress marks reach the OS within one interval, whatever the run logs
         with self.lock:
-            rows, self.pending = self.pending, []
+            entries, self.pending = self.pending, []
             fields, self.fields = self.fields, {}
             moves, self.moves = self.moves, []
             drops, self.drops = self.drops, []
@@ -161,9 +191,9 @@ class MetricWriter:
                 spool.ingest(self.engine, self.spool, truncate=False)  # what earlier failures left
             for step in drops:
                 store.drop_metrics_after(self.engine, self.run_id, step)
-            store.log_metrics(self.engine, self.run_id, rows)
-            if rows:
-                self.last_row = (rows[-1][1], rows[-1][0])
+            store.log_steps(self.engine, self.run_id, entries)
+            if entries and entries[-1][1]:
+                self.last_row = (next(reversed(entries[-1][1])), entries[-1][0])
             store.update_run(self.engine, self.run_id, **store.parse_times(fields))
             for to, extra in moves:
                 outcome = states.transition(self.engine, self.run_id, to, states.TRAINER, **store.parse_times(extra))
@@ -171,7 +201,7 @@ class MetricWriter:
                     self.refused.append((to, outcome.status))
         except (SQLAlchemyError, OSError, AttnresError) as exc:
             with self.lock:
-                self.pending = rows + self.pending
+                self.pending = entries + self.pending
                 self.fields = {**fields, **self.fields}
                 self.moves = moves + self.moves
                 self.drops = drops + self.drops

@@ -66,7 +66,7 @@ class RunRecorder:
         self.writer.add(step, **values)
 
     def progress(self, step: int) -> None:
-        self.writer.update_run(step=step, heartbeat_at=store.now())
+        self.writer.progress(step)  # (the heartbeat thread keeps heartbeat_at fresh, every few seconds)
 
     def verdict(self, step: int, eval_loss: float) -> str | None:
         """The early-stop rule: worse than the baseline's mean eval loss (same experiment, preset and budget)

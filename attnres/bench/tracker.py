@@ -1,0 +1,188 @@
+"""``attnres bench tracker``: the tracker's own speed beside raw sqlite3, measured in one process.
+
+Four measures, each on a fresh SQLite file in a temporary folder:
+
+* **ingest**: ``rows`` metric values (5 keys a step, a run update each step) through the trainer's
+  writer, timed from the moment they are handed over until the database holds them
+  (:meth:`MetricWriter.flush`), beside raw ``sqlite3`` ``executemany`` of the same rows into the
+  same table in another file, in the same run;
+* **logging call**: what one logged step costs the training thread (the trainer's recorder:
+  ``record`` of the 5 values and ``progress``, its writer and heartbeat threads running), p50 and p99;
+* **report**: the whole document (without, then with figures) over ``report_runs`` x
+  ``report_steps`` x 5 metric rows;
+* **status**: the whole ``attnres status`` process over ``status_runs`` runs, beside ``attnres --help``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from attnres.errors import AttnresError
+
+KEYS = ("train_loss", "lr", "grad_norm", "tokens_per_s", "peak_memory_bytes")
+ReportWriter = Callable[..., object]  # reports.build.write_report(engine, out, plots=...)
+
+
+def _new_run(url: str, tmp: Path, status: str = "finished") -> tuple[object, int]:
+    from attnres.tracking import states, store
+    from attnres.tracking.db import get_engine
+    from attnres.variants import resolve_run
+
+    engine = get_engine(url)
+    cfg = resolve_run("standard", "tiny", 1, [f"steps={10**9}"])
+    actor = states.LAUNCHER if status == states.QUEUED else states.IMPORTER
+    return engine, store.create_run(engine, cfg, actor=actor, status=status, log_path=str(tmp / f"{status}.log"))
+
+
+def _values(step: int) -> dict[str, float]:
+    return {"train_loss": 3.0 + 1 / step, "lr": 1e-3, "grad_norm": 0.5, "tokens_per_s": 1e5, "peak_memory_bytes": 1e9}
+
+
+def _ingest_ours(tmp: Path, steps: int) -> float:
+    """Seconds from the writer's hand-over of ``steps`` x 5 values until the database holds them."""
+    from attnres.tracking import store
+    from attnres.tracking.writer import MetricWriter
+
+    engine, run_id = _new_run(f"sqlite:///{tmp}/ingest.db", tmp)
+    writer = MetricWriter(engine, run_id, store.spool_path(store.get_run(engine, run_id)), interval=3600.0)
+    for step in range(1, steps + 1):  # handed over; written only at the flush
+        writer.add(step, **_values(step))
+        writer.progress(step)
+    t0 = time.perf_counter()
+    if not writer.flush(timeout=600):
+        raise AttnresError("bench tracker: the writer could not write its rows")
+    seconds = time.perf_counter() - t0
+    writer.close()
+    engine.dispose()
+    return seconds
+
+
+def _ingest_raw(tmp: Path, steps: int) -> float:
+    """Seconds for raw sqlite3 ``executemany`` of the same rows into the same schema (one commit)."""
+    engine, run_id = _new_run(f"sqlite:///{tmp}/raw.db", tmp)
+    engine.dispose()
+    payload = [(run_id, k, step, 3.0 + 1 / step) for step in range(1, steps + 1) for k in range(1, len(KEYS) + 1)]
+    conn = sqlite3.connect(tmp / "raw.db")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.executemany("INSERT OR IGNORE INTO metric_keys (id, name) VALUES (?, ?)", list(enumerate(KEYS, 1)))
+    conn.commit()
+    t0 = time.perf_counter()
+    conn.executemany("INSERT OR IGNORE INTO metrics (run_id, key_id, step, value) VALUES (?, ?, ?, ?)", payload)
+    conn.commit()
+    seconds = time.perf_counter() - t0
+    conn.close()
+    return seconds
+
+
+def bench_ingest(tmp: Path, rows: int, repeat: int = 3) -> dict[str, float]:
+    """Rows/s from the writer's hand-over until the database holds them, beside raw sqlite3's executemany:
+    the best of ``repeat`` alternating tries each, each on fresh files (a shared machine's noise is one-sided)."""
+    steps = max(1, rows // len(KEYS))
+    ours = raw = float("inf")
+    for attempt in range(repeat):
+        folder = tmp / f"ingest-{attempt}"
+        folder.mkdir()
+        ours = min(ours, _ingest_ours(folder, steps))
+        raw = min(raw, _ingest_raw(folder, steps))
+    n = steps * len(KEYS)
+    return {"ingest_rows": n, "ingest_rows_per_s": n / ours, "raw_sqlite_rows_per_s": n / raw,
+            "ingest_vs_raw": raw / ours}
+
+
+def bench_log_calls(tmp: Path, steps: int) -> dict[str, float]:
+    """What a logged step costs the training thread: the trainer's recorder (``record`` of 5 values and
+    ``progress``), with its writer and heartbeat threads running as in training; p50 and p99."""
+    from attnres.tracking import states
+    from attnres.training.loop import Ending
+    from attnres.training.recorder import RunRecorder
+
+    engine, run_id = _new_run(f"sqlite:///{tmp}/calls.db", tmp, status=states.QUEUED)
+    recorder = RunRecorder(engine, run_id)
+    calls = []
+    clock = time.perf_counter_ns
+    for step in range(1, steps + 1):
+        values = _values(step)
+        t0 = clock()
+        recorder.record(step, **values)
+        recorder.progress(step)
+        calls.append(clock() - t0)
+    recorder.finish(Ending(states.FINISHED, steps))
+    engine.dispose()
+    calls.sort()
+    return {"log_calls": steps, "log_call_p50_us": statistics.median(calls) / 1e3,
+            "log_call_p99_us": calls[min(len(calls) - 1, int(0.99 * len(calls)))] / 1e3}
+
+
+def bench_report_time(tmp: Path, runs: int, steps: int, write_report: ReportWriter) -> dict[str, float]:
+    """Seconds for the whole document over a synthetic database (without, then with figures)."""
+    from attnres.bench.synthetic import synthetic_db
+    from attnres.tracking.db import get_engine
+
+    url = f"sqlite:///{tmp}/report.db"
+    n = synthetic_db(url, runs, steps)
+    engine = get_engine(url)
+    t0 = time.perf_counter()
+    write_report(engine, tmp / "report.md", plots=False)
+    plain = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    write_report(engine, tmp / "report.md", plots=True)
+    plots = time.perf_counter() - t0
+    engine.dispose()
+    return {"report_rows": n, "report_s": plain, "report_with_plots_s": plots}
+
+
+def _attnres_exe() -> list[str]:
+    exe = Path(sys.executable).with_name("attnres")
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("attnres")
+    return [found] if found else [sys.executable, "-c", "from cli.main import main; main()"]
+
+
+def _wall(cmd: list[str], repeat: int = 3) -> float:
+    """Best of ``repeat`` whole-process wall times (the first run also warms the file cache)."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        best = min(best, time.perf_counter() - t0)
+        if done.returncode != 0:
+            raise AttnresError(f"bench tracker: {' '.join(cmd[-3:])} failed: {done.stderr.strip()[-300:]}")
+    return best
+
+
+def bench_status(tmp: Path, runs: int, steps: int) -> dict[str, float]:
+    """Whole-process seconds of ``attnres status`` over ``runs`` runs, beside ``attnres --help``."""
+    from attnres.bench.synthetic import synthetic_db
+
+    path = tmp / "status.db"
+    n = synthetic_db(f"sqlite:///{path}", runs, steps)
+    exe = _attnres_exe()
+    return {"status_runs": runs, "status_rows": n, "status_s": _wall([*exe, "status", "--db", str(path)]),
+            "status_all_s": _wall([*exe, "status", "--all", "--db", str(path)], repeat=1),
+            "help_s": _wall([*exe, "--help"])}
+
+
+def bench_tracker(write_report: ReportWriter, rows: int = 100_000, report_runs: int = 40, report_steps: int = 3000,
+                  status_runs: int = 1000, status_steps: int = 100,
+                  progress: Callable[[str], None] = lambda _: None) -> dict[str, float]:
+    """Every measure of the module docstring, in one run (defaults: under a minute on 2 cores)."""
+    if min(rows, report_runs, report_steps, status_runs, status_steps) < 1:
+        raise AttnresError("bench tracker: --rows, --runs, --steps and --status-runs must be at least 1")
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        progress(f"ingest: {rows:,} rows through the writer, then raw sqlite3")
+        out = bench_ingest(tmp, rows) | bench_log_calls(tmp, max(1, rows // len(KEYS)))
+        progress(f"report: {report_runs} runs x {report_steps:,} steps")
+        out |= bench_report_time(tmp, report_runs, report_steps, write_report)
+        progress(f"status: {status_runs:,} runs")
+        out |= bench_status(tmp, status_runs, status_steps)
+    return out

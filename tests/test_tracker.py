@@ -1,0 +1,123 @@
+"""The tracker's fast paths keep what they record: one spool line a step, cached key ids, status lookups."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+from conftest import attnres
+
+from attnres.overview import status_rows
+from attnres.tracking import spool, states, store
+from attnres.tracking.db import check_location, get_engine
+from attnres.tracking.writer import MetricWriter
+from attnres.variants import resolve_run
+
+
+@pytest.fixture
+def engine(tmp_path):
+    return get_engine(str(tmp_path / "runs.db"))
+
+
+def new_run(engine, seed: int = 1, status: str = states.FINISHED) -> int:
+    return store.create_run(engine, resolve_run("standard", "tiny", seed), actor=states.IMPORTER, status=status)
+
+
+def values(engine, run_id: int, key: str) -> dict[int, float]:
+    frame = store.metrics_frame(engine, [key], [run_id])
+    return dict(zip(frame["step"], frame["value"], strict=True))
+
+
+def test_a_logged_step_is_one_spool_line_and_both_line_forms_are_read_back(engine, tmp_path):
+    run = new_run(engine, status=states.QUEUED)
+    path = tmp_path / "run.spool.jsonl"
+    writer = MetricWriter(engine, run, path, interval=3600)
+    for step in range(1, 4):
+        writer.add(step, train_loss=1.0 / step, lr=0.1, grad_norm=float("nan"))
+    lines = path.read_text().splitlines()
+    assert len(lines) == 3 and json.loads(lines[0])["m"]["lr"] == 0.1
+    # a spool of the per-value form (written before 2026-12) and a garbled per-step line beside good ones
+    with path.open("a") as fh:
+        fh.write(json.dumps({"r": run, "s": 4, "k": "train_loss", "v": 0.25}) + "\n")
+        fh.write(json.dumps({"r": run, "s": 5, "m": ["not", "a", "mapping"]}) + "\n")
+        fh.write(json.dumps({"r": run, "s": 6, "m": {"train_loss": 0.2, "lr": "x"}}) + "\n")
+    logs, bad = spool.read(path)
+    assert [(s, k) for s, k, _ in logs[run].metrics if k == "train_loss"] == [(1, "train_loss"), (2, "train_loss"),
+                                                                            (3, "train_loss"), (4, "train_loss")]
+    assert len(bad) == 2  # a line is taken whole or not at all
+    writer.close()
+    got = values(engine, run, "train_loss")
+    assert got == {1: 1.0, 2: 0.5, 3: 1.0 / 3, 4: 0.25}
+    assert all(v != v for v in values(engine, run, "grad_norm").values())  # NaN kept as NaN
+
+
+def test_cached_key_ids_follow_a_database_replaced_under_the_writer(tmp_path):
+    path = tmp_path / "runs.db"
+    engine = get_engine(str(path))
+    run = new_run(engine)
+    store.log_metrics(engine, run, [(1, "train_loss", 3.0), (1, "lr", 0.1)])
+    # another database at the same path, whose key ids differ: "zeta" is its first key, then the others
+    other = tmp_path / "other.db"
+    built = get_engine(str(other))
+    assert new_run(built) == run
+    store.log_metrics(built, run, [(1, "zeta", 1.0)])
+    store.log_metrics(built, run, [(1, "lr", 9.0), (1, "train_loss", 9.0)])
+    built.dispose()
+    os.replace(other, path)
+    check_location(engine)  # what the writer does before each write: the pool now opens the new file
+    store.log_metrics(engine, run, [(2, "train_loss", 2.0), (2, "lr", 0.2)])
+    with sqlite3.connect(path) as conn:
+        got = dict(conn.execute("select k.name || ':' || m.step, m.value from metrics m join metric_keys k "
+                                "on k.id = m.key_id where m.step = 2").fetchall())
+    assert got == {"train_loss:2": 2.0, "lr:2": 0.2}
+
+
+def test_status_lists_the_active_runs_and_the_most_recent_with_their_latest_values(engine):
+    queued = new_run(engine, seed=0, status=states.QUEUED)  # the oldest run, still active
+    ids = [new_run(engine, seed=s) for s in range(1, 31)]
+    for run in ids:
+        store.log_metrics(engine, run, [(s, "train_loss", 10.0 - s / 10) for s in range(1, 51)]
+                          + [(25, "eval_loss", 5.0), (50, "eval_loss", float(run))])
+    rows, total = status_rows(engine, recent=20)
+    assert total == 31 and [r["run"] for r in rows] == [queued, *ids[-20:]]
+    last = rows[-1]
+    assert (last["train loss"], last["eval loss"], last["tok/s"]) == ("5.000", f"{ids[-1]:.3f}", "—")
+    every, _ = status_rows(engine, recent=None)
+    assert [r["run"] for r in every] == [queued, *ids]
+
+
+def test_status_and_variants_answer_without_torch_or_pandas(engine, tmp_path):
+    new_run(engine)
+    probe = ("import sys\nfrom cli.main import main\nsys.argv = ['attnres', *sys.argv[1:]]\n"
+             "try:\n    main()\nexcept SystemExit:\n    pass\n"
+             "print('LOADED', sorted(m for m in ('torch', 'pandas', 'numpy') if m in sys.modules))")
+    for args in (["status", "--db", str(tmp_path / "runs.db")], ["variants"]):
+        out = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, check=True,
+                             env={**os.environ, "COLUMNS": "250"}).stdout
+        assert "LOADED []" in out, (args, out[-500:])
+    assert "block_gqa_depth" in out and "1-3" in out  # the listing with its depth sources, from the configs
+
+
+def test_status_cli_says_how_many_runs_it_left_out(workdir):
+    engine = get_engine(str(workdir / "runs.db"))
+    for seed in range(25):
+        new_run(engine, seed=seed)
+    short = attnres("status", check=True).stdout
+    assert "20 of 25 runs" in short and "--all" in short
+    full = attnres("status", "--all", check=True).stdout
+    assert "of 25 runs" not in full and full.count("finished") == 25
+
+
+def test_bench_tracker_prints_ours_beside_raw_sqlite_as_json(workdir):
+    out = attnres("bench", "tracker", "--json", "--rows", "2000", "--runs", "3", "--steps", "60",
+                  "--status-runs", "30", check=True).stdout
+    got = json.loads(out)
+    for field in ("ingest_rows_per_s", "raw_sqlite_rows_per_s", "log_call_p50_us", "log_call_p99_us",
+                  "report_rows", "report_s", "status_runs", "status_s"):
+        assert got[field] > 0, field
+    assert got["report_rows"] == 3 * 60 * 5 and got["status_runs"] == 30 and got["ingest_rows"] == 2000
+    assert got["log_call_p50_us"] <= got["log_call_p99_us"]

@@ -161,4 +161,5 @@ def import_file(engine: Engine, path: Path, df: pd.DataFrame | None = None) -> d
                 stop_step=last if status not in (*states.ACTIVE, states.FINISHED) else None)
             created += 1
         store.log_metrics(engine, run_id, list(zip(grp["step"], grp["key"], grp["value"], strict=True)))
+        store.summarize(engine, run_id)
     return {"runs_created": created, "rows": len(df)}

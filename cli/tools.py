@@ -56,6 +56,7 @@ def bench(
     runs: Annotated[int | None, typer.Option(help="bench report: runs (200; tracker: 40)")] = None,
     rows: Annotated[int, typer.Option(help="bench tracker: metric rows to ingest")] = 100_000,
     status_runs: Annotated[int, typer.Option(help="bench tracker: runs `attnres status` lists from")] = 1000,
+    server: Annotated[str | None, typer.Option(help="bench tracker: also ingest into this PostgreSQL URL")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
     """Benchmarks measured side by side in one process: variants vs standard, data preparation, reports."""
@@ -81,7 +82,7 @@ def bench(
                           transient=True) as bar:
                 task = bar.add_task("tracker")
                 result = bench_tracker(write_report, rows, 40 if runs is None else runs,
-                                       3000 if steps is None else steps, status_runs,
+                                       3000 if steps is None else steps, status_runs, server=server,
                                        progress=lambda msg: bar.update(task, description=msg))
         if json_out:
             console.print_json(json.dumps(result))

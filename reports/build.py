@@ -23,7 +23,7 @@ from attnres.tracking.reads import load_results, run_table
 from attnres.tracking.states import EARLY
 from attnres.variants import VARIANTS, canonical
 from reports import compare as cmp
-from reports.document import Inputs, build_report
+from reports.document import Inputs, assemble, report_parts
 from reports.plots import delta_curves, depth_heatmaps, throughput_vs_delta
 from reports.scope import Scope, choose, select
 from reports.stats import ReportError
@@ -90,10 +90,10 @@ def write_report(engine: Engine, out: Path, baseline: str = "standard", step: in
     inp = Inputs(res.runs, res.evals, scope, {v.name: v.description for v in VARIANTS.values()}, deep_variants(),
                  baseline, step, res.maps, provenance(engine, res.runs), notes=notes, others=others)
     try:
-        text = build_report(inp)  # first without figures: bad data fails here, before any file is written
+        before, after = report_parts(inp)  # first the text: bad data fails here, before any file is written
         if plots:
             inp.figures = _figures(inp, out.resolve().parent / "reports")
-            text = build_report(inp)
+        text = assemble(before, inp.figures, after)
     except ReportError as exc:
         raise AttnresError(f"cannot build the report: {exc}") from None
     out.write_text(text)

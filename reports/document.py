@@ -202,6 +202,13 @@ def maps_section(inp: Inputs) -> str:
 
 def build_report(inp: Inputs, title: str = "AttnRes: Attention Over the Residual Stream — Experimental Results") -> str:
     """The whole document for one scope."""
+    before, after = report_parts(inp, title)
+    return assemble(before, inp.figures, after)
+
+
+def report_parts(inp: Inputs, title: str = "AttnRes: Attention Over the Residual Stream — Experimental Results",
+                 ) -> tuple[list[str], list[str]]:
+    """The document's sections before and after its figures (so figures drawn afterwards need no rebuild)."""
     if inp.runs.empty:
         raise ReportError("no runs in this scope: launch some first (attnres launch ...)")
     if inp.baseline not in set(inp.runs["variant"]):
@@ -212,13 +219,19 @@ def build_report(inp: Inputs, title: str = "AttnRes: Attention Over the Residual
     parts = [f"# {title}\n", header(inp), variants_section(inp), main, ended_section(inp.runs)]
     parts.append(multi_seed_section(multi_seed(inp.runs, table, inp.baseline, step), inp.baseline, step))
     parts += [deep_section(inp, deep), cost_section(table, inp.baseline), maps_section(inp)]
-    if inp.figures:
-        parts.append("## Figures\n\n" + "\n\n".join(f"![{name}]({path})" for name, path in inp.figures.items()) + "\n")
+    after = []
     if inp.others:
-        parts.append("## Other Experiments in This Database\n\nNot in this document (a table never mixes "
+        after.append("## Other Experiments in This Database\n\nNot in this document (a table never mixes "
                      "experiments, presets or step budgets):\n\n"
                      + "\n".join(f"- {s.label()}: `attnres report {s.flags()}`" for s in inp.others) + "\n")
     running = inp.runs[inp.runs["status"].isin(ACTIVE)]
     if len(running):
-        parts.append(f"_{len(running)} run(s) still queued or running: this document is a snapshot._\n")
-    return "\n".join(p for p in parts if p)
+        after.append(f"_{len(running)} run(s) still queued or running: this document is a snapshot._\n")
+    return parts, after
+
+
+def assemble(before: list[str], figures: Mapping[str, str], after: list[str]) -> str:
+    """The document from its sections and its figures (caption -> relative path)."""
+    shown = ["## Figures\n\n" + "\n\n".join(f"![{name}]({path})" for name, path in figures.items()) + "\n"
+             ] if figures else []
+    return "\n".join(p for p in [*before, *shown, *after] if p)

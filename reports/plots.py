@@ -41,12 +41,13 @@ def delta_series(runs: pd.DataFrame, evals: pd.DataFrame, variant: str, baseline
     base = ev[ev["variant"] == baseline].groupby("step")["value"].mean()
     mine = ev[ev["variant"] == variant]
     mine = mine[mine["step"].isin(base.index)]
-    rows = []
-    for step, grp in mine.groupby("step"):
-        d = grp["value"].to_numpy() - base[step]
-        n, mean = len(d), float(d.mean())
-        half = float(stats.t.ppf(0.975, n - 1) * d.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
-        rows.append((step, mean, mean - half, mean + half, n))
+    d = (mine["value"].to_numpy() - base.reindex(mine["step"]).to_numpy())
+    by = pd.Series(d, index=mine["step"].to_numpy()).groupby(level=0)
+    out = pd.DataFrame({"delta": by.mean(), "sd": by.std(ddof=1), "n": by.size()})
+    t975 = {n: float(stats.t.ppf(0.975, n - 1)) for n in set(out["n"]) if n > 1}  # once per seed count
+    half = [t975[n] * sd / math.sqrt(n) if n > 1 else math.nan for n, sd in zip(out["n"], out["sd"], strict=True)]
+    rows = [(int(st), float(m), float(m - h), float(m + h), int(n))
+            for st, m, h, n in zip(out.index, out["delta"], half, out["n"], strict=True)]
     return pd.DataFrame(rows, columns=["step", "delta", "lo", "hi", "n"])
 
 

@@ -30,6 +30,14 @@ def finite(evals: pd.DataFrame) -> pd.DataFrame:
     return evals[np.isfinite(evals["value"].to_numpy(dtype=float))]
 
 
+def _last_per_run(evals: pd.DataFrame) -> dict[int, tuple[float, int]]:
+    """Each run's eval at its largest step: run id -> (value, step)."""
+    if evals.empty:
+        return {}
+    last = evals.sort_values(["run_id", "step"]).drop_duplicates("run_id", keep="last")
+    return {int(r): (float(v), int(s)) for r, v, s in zip(last["run_id"], last["value"], last["step"], strict=True)}
+
+
 def eval_at(runs: pd.DataFrame, evals: pd.DataFrame, step: int) -> pd.DataFrame:
     """Each run's eval loss at ``step``; early-ended runs give their last eval up to it, marked.
 
@@ -37,18 +45,19 @@ def eval_at(runs: pd.DataFrame, evals: pd.DataFrame, step: int) -> pd.DataFrame:
     Runs still going that have no eval at ``step`` are left out.
     """
     evals = finite(evals)
+    steps = evals["step"].to_numpy()
+    at = _last_per_run(evals[steps == step])  # (value, step) per run, found in one pass each
+    before = _last_per_run(evals[steps <= step])
+    latest = _last_per_run(evals)
     rows = []
     for run in runs.itertuples(index=False):
-        curve = evals[evals["run_id"] == run.id].sort_values("step")
-        at = curve[curve["step"] == step]
-        if run.status in EARLY and len(curve):  # marked even when it reached the step
-            before = curve[curve["step"] <= step]
-            last = before.iloc[-1] if len(before) else curve.iloc[-1]
+        if run.status in EARLY and run.id in latest:  # marked even when it reached the step
+            value, last = before.get(run.id, latest[run.id])
             ended = int(run.stop_step) if pd.notna(run.stop_step) else int(run.step)
-            rows.append((run.id, run.variant, run.seed, run.status, float(last["value"]), int(last["step"]),
+            rows.append((run.id, run.variant, run.seed, run.status, value, last,
                          f"{MARKS[run.status].capitalize()} at step {ended}"))
-        elif run.status not in EARLY and len(at):
-            rows.append((run.id, run.variant, run.seed, run.status, float(at["value"].iloc[0]), step, ""))
+        elif run.status not in EARLY and run.id in at:
+            rows.append((run.id, run.variant, run.seed, run.status, at[run.id][0], step, ""))
     return pd.DataFrame(rows, columns=["run_id", "variant", "seed", "status", "eval", "eval_step", "mark"])
 
 

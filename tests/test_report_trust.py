@@ -17,7 +17,7 @@ from sqlalchemy import create_engine
 
 from attnres.errors import AttnresError
 from attnres.tracking import states, store
-from attnres.tracking.db import get_engine
+from attnres.tracking.db import HEAD, get_engine
 from attnres.tracking.reads import load_results, run_table
 from attnres.variants import VARIANTS, resolve_run
 from reports import plots
@@ -287,7 +287,7 @@ def test_depth_maps_are_recorded_drawn_and_named(workdir):
 def test_upgrade_to_experiments_keeps_runs_and_files_them_by_preset(workdir):
     db = workdir / "runs.db"
     database_at(db, "0003", preset="small")
-    assert "0003 -> 0004" in attnres("db", "upgrade", check=True).stdout
+    assert f"0003 -> {HEAD}" in attnres("db", "upgrade", check=True).stdout
     assert [(r["experiment"], r["device"]) for r in runs(workdir)] == [("small", None)]
     with sqlite3.connect(db) as conn:
         assert conn.execute("select count(*) from depth_weights").fetchone() == (0,)

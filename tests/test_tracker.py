@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import attnres
+from conftest import attnres, database_at
 
 from attnres.overview import status_rows
 from attnres.tracking import spool, states, store
@@ -121,3 +121,65 @@ def test_bench_tracker_prints_ours_beside_raw_sqlite_as_json(workdir):
         assert got[field] > 0, field
     assert got["report_rows"] == 3 * 60 * 5 and got["status_runs"] == 30 and got["ingest_rows"] == 2000
     assert got["log_call_p50_us"] <= got["log_call_p99_us"]
+
+
+def test_upgrade_to_clustered_metrics_keeps_every_row(workdir):
+    db = workdir / "runs.db"
+    database_at(db, "0004")
+    with sqlite3.connect(db) as conn:
+        conn.execute("insert into metric_keys (id, name) values (1, 'eval_loss'), (2, 'train_loss')")
+        conn.executemany("insert into metrics (run_id, key_id, step, value) values (1, ?, ?, ?)",
+                         [(k, s, k + s / 100) for k in (1, 2) for s in range(50)])
+    assert "0004 -> 0005" in attnres("db", "upgrade", check=True).stdout
+    with sqlite3.connect(db) as conn:
+        table = conn.execute("select sql from sqlite_master where name = 'metrics'").fetchone()[0]
+        got = conn.execute("select key_id, step, value from metrics order by key_id, step").fetchall()
+        indexes = {r[0] for r in conn.execute("select name from sqlite_master where type = 'index'")}
+    assert "WITHOUT ROWID" in table and "ix_metrics_key_step" not in indexes
+    assert got == [(k, s, k + s / 100) for k in (1, 2) for s in range(50)]
+    assert "finished" in attnres("status", check=True).stdout  # the upgraded file is in use as it is
+
+
+def test_summaries_are_dropped_by_any_write_and_the_report_reads_the_same_with_or_without_them(workdir):
+    from attnres.tracking.schema import MetricSummary
+
+    engine = get_engine(str(workdir / "runs.db"))
+    ids = []
+    for variant, offset in (("standard", 0.0), ("control_block", -0.05)):
+        for seed in (1, 2, 3):
+            run = store.create_run(engine, resolve_run(variant, "tiny", seed, ["steps=40"]), actor=states.IMPORTER,
+                                   status=states.FINISHED)
+            store.log_metrics(engine, run, [(s, k, v + offset + seed / 1000 + s / 7) for s in range(0, 41, 2)
+                                            for k, v in (("eval_loss", 4.0), ("train_loss", 3.0),
+                                                         ("tokens_per_s", 1e4 + seed), ("peak_memory_bytes", 1e8))])
+            ids.append(run)
+
+    def summaries() -> int:
+        with engine.connect() as conn:
+            return len(conn.execute(MetricSummary.__table__.select()).all())
+
+    from reports.build import write_report
+
+    without = write_report(engine, workdir / "a.md", plots=False)
+    for run in ids:
+        store.summarize(engine, run)
+    assert summaries() == 6 * 4
+    assert write_report(engine, workdir / "b.md", plots=False) == without
+    store.log_metrics(engine, ids[0], [(41, "eval_loss", 1.0)])  # a late write: that run's summaries go
+    store.drop_metrics_after(engine, ids[1], 40)  # a resume point: so do these
+    assert summaries() == 4 * 4
+    store.drop_metrics_after(engine, ids[0], 40)
+    assert write_report(engine, workdir / "c.md", plots=False) == without
+
+
+def test_a_run_that_ends_leaves_its_summaries(engine, tmp_path):
+    run = new_run(engine, status=states.QUEUED)
+    writer = MetricWriter(engine, run, tmp_path / "run.spool.jsonl", interval=0.05)
+    for step in range(1, 11):
+        writer.add(step, train_loss=10.0 - step, tokens_per_s=100.0 * step)
+    assert writer.close()
+    with engine.connect() as conn:
+        got = {row[0]: row[1:] for row in conn.exec_driver_sql(
+            "select k.name, s.n, s.mean, s.low, s.high, s.last_step from metric_summaries s "
+            "join metric_keys k on k.id = s.key_id where s.run_id = ?", (run,))}
+    assert got == {"train_loss": (10, 4.5, 0.0, 9.0, 10), "tokens_per_s": (10, 550.0, 100.0, 1000.0, 10)}

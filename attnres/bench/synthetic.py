@@ -32,4 +32,5 @@ def synthetic_db(url: str, runs: int = 200, steps: int = 6000, variants: int = 1
         for name, values in curves.items():
             rows = [(int(s), name, float(v)) for s, v in zip(step, values, strict=True)]
             total += store.log_metrics(engine, run_id, rows)
+        store.summarize(engine, run_id)  # as a run's end does
     return total

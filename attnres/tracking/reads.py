@@ -14,7 +14,7 @@ import pandas as pd
 from sqlalchemy import Engine, func, select
 
 from attnres.tracking import depth_maps, store
-from attnres.tracking.schema import Metric, MetricKey
+from attnres.tracking.schema import Metric, MetricKey, MetricSummary
 from attnres.tracking.states import EARLY
 from attnres.variants import superseded
 
@@ -42,20 +42,38 @@ class Results:
     maps: pd.DataFrame = field(default_factory=pd.DataFrame)  # depth maps: each run's last one
 
 
-def _per_run(engine: Engine, key: str, agg: object, run_ids: list[int], column: object = None) -> pd.Series:
-    column = Metric.value if column is None else column
-    q = (select(Metric.run_id, agg(column))  # type: ignore[operator]
-         .where(Metric.key_id == select(MetricKey.id).where(MetricKey.name == key).scalar_subquery(),
-                Metric.run_id.in_(run_ids)).group_by(Metric.run_id))
+def _key_stats(engine: Engine, key: str, run_ids: list[int]) -> pd.DataFrame:
+    """Per run (index): row count ``n``, ``mean``, max ``high`` and ``last_step`` of one key's values.
+
+    Read from the runs' summaries (written when a run ends or is imported); the runs without one
+    (still going, or ended before summaries existed) are aggregated here, those runs only.
+    """
+    cols = ["n", "mean", "high", "last_step"]
+    if not run_ids:
+        return pd.DataFrame(columns=cols, dtype="float64")
+    key_id = select(MetricKey.id).where(MetricKey.name == key).scalar_subquery()
+    s = MetricSummary
+    kept = select(s.run_id, s.n, s.mean, s.high, s.last_step).where(s.key_id == key_id, s.run_id.in_(run_ids))
     with engine.connect() as conn:
-        return pd.Series(dict(conn.execute(q).all()), dtype="float64")
+        rows = [tuple(r) for r in conn.execute(kept)]
+        have = {r[0] for r in rows}
+        summarized = select(MetricSummary.run_id).where(MetricSummary.run_id.in_(run_ids)).distinct()
+        done = set(conn.execute(summarized).scalars())  # runs with summaries lack this key if none was kept
+        missing = [r for r in run_ids if r not in have and r not in done]
+        if missing:
+            m = Metric
+            q = (select(m.run_id, func.count(), func.avg(m.value), func.max(m.value), func.max(m.step))
+                 .where(m.key_id == key_id, m.run_id.in_(missing)).group_by(m.run_id))
+            rows += [tuple(r) for r in conn.execute(q)]
+    frame = pd.DataFrame(rows, columns=["run_id", *cols]).set_index("run_id")
+    return frame.astype("float64")
 
 
 def _evals(engine: Engine, where: object) -> pd.DataFrame:
     key = select(MetricKey.id).where(MetricKey.name == "eval_loss").scalar_subquery()
     q = select(Metric.run_id, Metric.step, Metric.value).where(Metric.key_id == key, where)
-    with engine.connect() as conn:
-        return pd.DataFrame(conn.execute(q).all(), columns=["run_id", "step", "value"])
+    with engine.connect() as conn:  # (plain tuples: pandas probes a Row's attributes, which costs more than the query)
+        return pd.DataFrame([tuple(r) for r in conn.execute(q).all()], columns=["run_id", "step", "value"])
 
 
 def _common_step(engine: Engine, runs: pd.DataFrame, last_step: pd.Series) -> int | None:
@@ -87,17 +105,16 @@ def load_results(engine: Engine, variants: list[str] | None = None, step: int | 
     old_runs = runs.loc[old, ["id", "variant", "seed"]].reset_index(drop=True)
     runs = runs.loc[[not o for o in old]]
     ids = runs["id"].astype(int).tolist()
-    last_step = _per_run(engine, "eval_loss", func.max, ids, Metric.step) if ids else pd.Series(dtype=float)
-    n_rows = int(_per_run(engine, "eval_loss", func.count, ids).sum()) if ids else 0
+    eval_stats = _key_stats(engine, "eval_loss", ids)
+    last_step = eval_stats["last_step"]
+    n_rows = int(eval_stats["n"].sum())
     common = _common_step(engine, runs, last_step) if ids else None
     if n_rows <= FULL_CURVES_UP_TO:
         evals = _evals(engine, Metric.run_id.in_(ids))
     else:
         stride = max(1, int(last_step.max()) // CURVE_POINTS)
-        keep = Metric.step % stride == 0
-        for s in {step, common} - {None}:
-            keep = keep | (Metric.step == s)
-        evals = _evals(engine, Metric.run_id.in_(ids) & keep)
+        keep = set(range(0, int(last_step.max()) + 1, stride)) | ({step, common} - {None})
+        evals = _evals(engine, Metric.run_id.in_(ids) & Metric.step.in_(sorted(keep)))  # primary-key lookups
         lasts = pd.DataFrame({"run_id": last_step.index.astype(int), "step": last_step.astype(int).values})
         missing = lasts.merge(evals, on=["run_id", "step"], how="left", indicator=True)
         missing = missing[missing["_merge"] == "left_only"]
@@ -105,7 +122,7 @@ def load_results(engine: Engine, variants: list[str] | None = None, step: int | 
             extra = _evals(engine, Metric.run_id.in_(missing["run_id"].tolist())
                            & Metric.step.in_(missing["step"].unique().tolist()))
             evals = pd.concat([evals, extra.merge(missing[["run_id", "step"]])], ignore_index=True)
-    train_step = _per_run(engine, "train_loss", func.max, ids, Metric.step) if ids else pd.Series(dtype=float)
+    train_step = _key_stats(engine, "train_loss", ids)["last_step"]
     final_train = pd.Series(dtype="float64")
     if len(train_step):
         key = select(MetricKey.id).where(MetricKey.name == "train_loss").scalar_subquery()
@@ -114,12 +131,12 @@ def load_results(engine: Engine, variants: list[str] | None = None, step: int | 
             Metric.key_id == key, Metric.run_id.in_([p[0] for p in pairs]),
             Metric.step.in_(sorted({p[1] for p in pairs})))
         with engine.connect() as conn:
-            rows = pd.DataFrame(conn.execute(q).all(), columns=["run_id", "step", "value"])
+            rows = pd.DataFrame([tuple(r) for r in conn.execute(q).all()], columns=["run_id", "step", "value"])
         rows = rows.merge(pd.DataFrame(pairs, columns=["run_id", "step"]))
         final_train = rows.set_index("run_id")["value"]
     runs = runs.set_index("id", drop=False)
     runs["final_train_loss"] = final_train
-    runs["tokens_per_s"] = _per_run(engine, "tokens_per_s", func.avg, ids) if ids else float("nan")
-    runs["peak_memory_bytes"] = _per_run(engine, "peak_memory_bytes", func.max, ids) if ids else float("nan")
+    runs["tokens_per_s"] = _key_stats(engine, "tokens_per_s", ids)["mean"] if ids else float("nan")
+    runs["peak_memory_bytes"] = _key_stats(engine, "peak_memory_bytes", ids)["high"] if ids else float("nan")
     return Results(runs.reset_index(drop=True), evals.sort_values(["run_id", "step"], ignore_index=True), common,
                    old_runs, depth_maps.maps(engine, ids))

@@ -2,7 +2,7 @@
 
 Metrics are long-format rows keyed by (run, metric key, step), with the metric name interned
 in ``metric_keys`` so that the hot table holds four numbers a row: compact, fast to insert in
-batches, and indexed for the only reads a report makes (one key, chosen steps).
+batches, and ordered for the reads a report makes (one run's key, chosen steps).
 """
 
 from __future__ import annotations
@@ -71,7 +71,27 @@ class Metric(Base):
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
     value: Mapped[float] = mapped_column(Float)
 
-    __table_args__ = (Index("ix_metrics_key_step", "key_id", "step"),)
+    # SQLite keeps the rows in the primary key's B-tree, in (run, key, step) order: one B-tree per insert,
+    # and one run's key on neighbouring pages (migration 0005)
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+
+class MetricSummary(Base):
+    """Per (run, key): row count, mean, min, max and last step of its values, so reports need not scan them.
+
+    A cache: any write of a run's metrics deletes the run's summaries (:mod:`attnres.tracking.store`),
+    and the run's end or an import writes them again; a report computes what is missing.
+    """
+
+    __tablename__ = "metric_summaries"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    key_id: Mapped[int] = mapped_column(ForeignKey("metric_keys.id"), primary_key=True)
+    n: Mapped[int] = mapped_column(Integer)
+    mean: Mapped[float | None] = mapped_column(Float, nullable=True)  # (None: no value was a number)
+    low: Mapped[float | None] = mapped_column(Float, nullable=True)
+    high: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_step: Mapped[int] = mapped_column(Integer)
 
 
 class DepthWeight(Base):

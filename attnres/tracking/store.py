@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Engine, bindparam, delete, func, select, update
+from sqlalchemy import Engine, bindparam, delete, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -21,7 +21,7 @@ from attnres.config import RunConfig
 from attnres.errors import AttnresError
 from attnres.tracking import depth_maps, states
 from attnres.tracking.db import db_identity
-from attnres.tracking.schema import DepthWeight, Metric, MetricKey, Run
+from attnres.tracking.schema import DepthWeight, Metric, MetricKey, MetricSummary, Run
 
 if TYPE_CHECKING:
     import pandas as pd  # imported where a frame is made: `attnres status` does without it
@@ -177,6 +177,7 @@ def _insert(engine: Engine, run_id: int, keys: set[str], payload: Callable[[dict
                     cursor.executemany(_metric_insert(engine), payload(ids))
                 finally:
                     cursor.close()
+                conn.execute(delete(MetricSummary).where(MetricSummary.run_id == run_id))  # stale now
             if weights:
                 conn.execute(_insert_ignore(engine, DepthWeight), [{"run_id": run_id, **w} for w in weights])
     except Exception:
@@ -310,7 +311,20 @@ def drop_metrics_after(engine: Engine, run_id: int, step: int) -> None:
     """Delete a run's metrics past ``step`` (a resumed run recomputes them from its checkpoint)."""
     with engine.begin() as conn:
         conn.execute(delete(Metric).where(Metric.run_id == run_id, Metric.step > step))
+        conn.execute(delete(MetricSummary).where(MetricSummary.run_id == run_id))
         depth_maps.drop_after(conn, run_id, step)
+
+
+def summarize(engine: Engine, run_id: int) -> None:
+    """Write a run's per-key summaries (count, mean, min, max, last step) from its rows: at its end, or
+    after an import, so that reports read five numbers per run and key instead of every step."""
+    m = Metric
+    rows = (select(m.run_id, m.key_id, func.count(), func.avg(m.value), func.min(m.value), func.max(m.value),
+                   func.max(m.step)).where(m.run_id == run_id).group_by(m.run_id, m.key_id))
+    s = MetricSummary
+    with engine.begin() as conn:
+        conn.execute(delete(s).where(s.run_id == run_id))
+        conn.execute(insert(s).from_select([s.run_id, s.key_id, s.n, s.mean, s.low, s.high, s.last_step], rows))
 
 
 def eval_at_step(engine: Engine, variant: str, experiment: str, step: int, exclude: int | None = None,

@@ -166,6 +166,11 @@ class MetricWriter:
             except (SQLAlchemyError, OSError, AttnresError) as exc:
                 say(f"attnres: {str(exc).splitlines()[0][:300]}", err=True)
                 ok = False
+        if ok:
+            try:  # the run's summaries for reports (after the last write: any write drops them); only a cache
+                store.summarize(self.engine, self.run_id)
+            except (SQLAlchemyError, OSError):
+                pass
         return ok
 
     # -- consumer side (background thread) --------------------------------------------------------

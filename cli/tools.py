@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -177,6 +178,8 @@ def data_prepare(
     eval_fraction: Annotated[float, typer.Option(help="share of documents held out")] = 0.1,
     shard_tokens: Annotated[int, typer.Option(min=1, help="tokens per shard")] = 50_000_000,
     force: Annotated[bool, typer.Option(help="discard an existing dataset at --out")] = False,
+    workers: Annotated[int | None, typer.Option(min=1, max=1024, help="processes encoding batches (default: "
+                                                "one per core; 1: threads in this process)")] = None,
 ) -> None:
     """Tokenize a corpus (GPT-2 BPE) into uint16 shards with a held-out split and a manifest."""
     from attnres.data.prepare import prepare, source_for
@@ -196,7 +199,8 @@ def data_prepare(
             rate = tokens / max(1e-9, time.perf_counter() - started["t"])
             bar.update(task, completed=tokens, rate=f"{docs:,} docs, {tokens:,} tok, {rate:,.0f} tok/s")
 
-        summary = prepare(src, target, shard_tokens=shard_tokens, force=force, on_progress=on_progress)
+        summary = prepare(src, target, shard_tokens=shard_tokens, force=force, on_progress=on_progress,
+                          workers=workers or max(1, os.cpu_count() or 1))
     if summary.skipped:
         console.print(f"{target}: already prepared ({summary.tokens['train']:,} train + "
                       f"{summary.tokens['eval']:,} eval tokens); nothing to do")

@@ -154,3 +154,20 @@ def test_missing_tokenizer_files_fail_fast_with_a_clear_line(workdir, monkeypatc
     assert proc.returncode == 2
     assert "cannot load the GPT-2 tokenizer" in proc.stderr and "TIKTOKEN_CACHE_DIR" in proc.stderr
     assert os.environ.get("TIKTOKEN_CACHE_DIR") == str(empty)
+
+
+def test_worker_processes_write_the_same_shards_as_one_process(tmp_path):
+    rows = fineweb_rows(300, seed=4)
+    rows[7]["text"] += " a literal <|endoftext|> in the text is ordinary text, ünïcödé too"
+    write_jsonl(tmp_path / "d.jsonl", rows)
+    src = Source(kind="files", files=[str(tmp_path / "d.jsonl")])
+    prepare(src, tmp_path / "one", shard_tokens=2500, batch_docs=16, threads=1, workers=1)
+    prepare(src, tmp_path / "two", shard_tokens=2500, batch_docs=16, workers=2)
+    one, two = read_manifest(tmp_path / "one"), read_manifest(tmp_path / "two")
+    assert one["splits"] == two["splits"]  # the same shards, in the same order, with the same sha256
+    for split in ("train", "eval"):
+        assert np.array_equal(split_stream(tmp_path / "two", split), expected_stream(rows, split))
+    capped = Source(kind="files", files=[str(tmp_path / "d.jsonl")], max_tokens=3000)
+    prepare(capped, tmp_path / "cap1", batch_docs=16, workers=1)
+    prepare(capped, tmp_path / "cap2", batch_docs=16, workers=2)
+    assert read_manifest(tmp_path / "cap1")["splits"] == read_manifest(tmp_path / "cap2")["splits"]

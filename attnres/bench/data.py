@@ -41,7 +41,14 @@ def bench_data(megabytes: float = 8.0, threads: int | None = None) -> dict[str, 
         t0 = time.perf_counter()
         summary = prepare(Source(kind="files", files=[str(src)]), Path(tmp) / "out", threads=threads)
         t_prep = time.perf_counter() - t0
+        scaling = {}
+        for n in sorted({1, threads}):  # processes over batches, one thread each: how it scales with cores
+            t0 = time.perf_counter()
+            prepare(Source(kind="files", files=[str(src)]), Path(tmp) / f"workers-{n}", threads=1, workers=n)
+            scaling[n] = time.perf_counter() - t0
     mb = size / 1e6
     return {"megabytes": mb, "documents": len(texts), "tokens": sum(summary.tokens.values()),
             "threads": threads, "tiktoken_mb_s": mb / t_tik, "prepare_mb_s": mb / t_prep,
-            "ratio": (mb / t_prep) / (mb / t_tik)}
+            "ratio": (mb / t_prep) / (mb / t_tik),
+            **{f"workers_{n}_mb_s": mb / t for n, t in scaling.items()},
+            "workers_speedup": scaling[1] / scaling[max(scaling)]}

@@ -16,14 +16,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from itertools import islice
 from pathlib import Path
 
 import numpy as np
+import tiktoken
 
 from attnres import paths
 from attnres.data import corpus
@@ -138,11 +142,61 @@ def _batches(docs: Iterator[corpus.Document], size: int) -> Iterator[list[corpus
         yield batch
 
 
+_POOL_ENCODER: tiktoken.Encoding | None = None  # a worker process's encoding, loaded once
+
+
+def _encode_docs(enc: tiktoken.Encoding, texts: list[str], pool: ThreadPoolExecutor | None) -> list[np.ndarray]:
+    """Each text as a uint16 array led by <|endoftext|>: tiktoken's ``encode_to_numpy`` (what
+    ``encode_ordinary`` gives, as an array: no Python int per token), on ``pool``'s threads."""
+    def one(text: str) -> np.ndarray:
+        ids = enc.encode_to_numpy(text, disallowed_special=())
+        arr = np.empty(len(ids) + 1, dtype=np.uint16)
+        arr[0] = EOT
+        arr[1:] = ids
+        return arr
+
+    return list(pool.map(one, texts)) if pool is not None else [one(t) for t in texts]
+
+
+def _pool_start() -> None:
+    global _POOL_ENCODER
+    _POOL_ENCODER = get_encoding()
+
+
+def _pool_encode(texts: list[str]) -> list[np.ndarray]:
+    """A worker process's batch (its own encoding, one thread: the processes are the parallelism)."""
+    return _encode_docs(_POOL_ENCODER, texts, None)
+
+
+def _encoded(batches: Iterator[list[corpus.Document]], threads: int,
+             workers: int) -> Iterator[tuple[list[corpus.Document], list[np.ndarray]]]:
+    """Batches with their token arrays, in the source's order whatever the parallelism: threads in this
+    process (``workers`` 1), or ``workers`` processes over batches, a few batches ahead of the writer."""
+    enc = get_encoding()  # here first: a tokenizer that cannot load is one clear line, not a broken pool
+    if workers <= 1:
+        with ThreadPoolExecutor(threads) as pool:
+            for batch in batches:
+                yield batch, _encode_docs(enc, [d.text for d in batch], pool if threads > 1 else None)
+        return
+    ctx = multiprocessing.get_context("spawn")  # (no fork of a process that may hold threads)
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_pool_start) as pool:
+        ahead: deque = deque()
+        for batch in batches:
+            ahead.append((batch, pool.submit(_pool_encode, [d.text for d in batch])))
+            if len(ahead) > 2 * workers:
+                done, future = ahead.popleft()
+                yield done, future.result()
+        while ahead:
+            done, future = ahead.popleft()
+            yield done, future.result()
+
+
 def prepare(source: Source, out: Path, shard_tokens: int = 50_000_000, batch_docs: int = 512,
             threads: int | None = None, force: bool = False,
-            on_progress: Callable[[int, int], None] | None = None) -> Summary:
+            on_progress: Callable[[int, int], None] | None = None, workers: int = 1) -> Summary:
     """Tokenize ``source`` into ``out``; resume an interrupted run; no-op when already done.
 
+    ``workers`` > 1 encodes batches in that many processes (the shards are the same byte for byte);
     ``on_progress(documents, tokens)`` is called after every batch (the CLI draws a bar).
     """
     out = Path(out)
@@ -167,7 +221,6 @@ def prepare(source: Source, out: Path, shard_tokens: int = 50_000_000, batch_doc
     for stale in out.glob("*.tmp"):
         stale.unlink()
 
-    enc = get_encoding()
     threads = threads or max(1, os.cpu_count() or 1)
     t0 = time.perf_counter()
     docs = source.documents()
@@ -197,13 +250,9 @@ def prepare(source: Source, out: Path, shard_tokens: int = 50_000_000, batch_doc
         manifest["complete"] = final
         _write_json_atomic(mpath, manifest)
 
-    for batch in _batches(docs, batch_docs):
-        encoded = enc.encode_ordinary_batch([d.text for d in batch], num_threads=threads)
-        for doc, ids in zip(batch, encoded, strict=True):
+    for batch, encoded in _encoded(_batches(docs, batch_docs), threads, workers):
+        for doc, arr in zip(batch, encoded, strict=True):
             split = "eval" if corpus.is_eval(doc.id, source.eval_fraction) else "train"
-            arr = np.empty(len(ids) + 1, dtype=np.uint16)
-            arr[0] = EOT
-            arr[1:] = ids
             buffers[split].append(arr)
             buffered[split] += len(arr)
             ndocs[split] += 1

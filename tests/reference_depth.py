@@ -61,7 +61,7 @@ def reference_forward(res: DepthAttention, emb: Tensor, steps: Sequence[Step]) -
     for i in range(res.n_steps + 1):
         site_pos = i // bs + 1
         sources = [(emb, 0, "embedding")] + [(b, k + 1, "block") for k, b in enumerate(blocks)]
-        sources = [x for x in sources if res._allowed(site_pos, x[1])]
+        sources = [x for x in sources if res.spec.allowed(site_pos, x[1])]
         if total is not None and s.partial:
             sources.append((total / count if s.reduce == "mean" else total, site_pos, "partial"))
         if s.window:

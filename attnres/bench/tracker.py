@@ -16,7 +16,6 @@ Four measures, each on a fresh SQLite file in a temporary folder:
 from __future__ import annotations
 
 import shutil
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -71,17 +70,10 @@ def _ingest_raw(tmp: Path, steps: int) -> float:
     """Seconds for raw sqlite3 ``executemany`` of the same rows into the same schema (one commit)."""
     engine, run_id = _new_run(f"sqlite:///{tmp}/raw.db", tmp)
     engine.dispose()
+    from attnres.tracking.anchor import raw_sqlite_insert_s
+
     payload = [(run_id, k, step, 3.0 + 1 / step) for step in range(1, steps + 1) for k in range(1, len(KEYS) + 1)]
-    conn = sqlite3.connect(tmp / "raw.db")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    conn.executemany("INSERT OR IGNORE INTO metric_keys (id, name) VALUES (?, ?)", list(enumerate(KEYS, 1)))
-    conn.commit()
-    t0 = time.perf_counter()
-    conn.executemany("INSERT OR IGNORE INTO metrics (run_id, key_id, step, value) VALUES (?, ?, ?, ?)", payload)
-    conn.commit()
-    seconds = time.perf_counter() - t0
-    conn.close()
-    return seconds
+    return raw_sqlite_insert_s(tmp / "raw.db", KEYS, payload)
 
 
 def bench_ingest(tmp: Path, rows: int, repeat: int = 3) -> dict[str, float]:

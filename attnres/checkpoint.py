@@ -54,8 +54,14 @@ def save(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         fh.flush()
         os.fsync(fh.fileno())
     last = folder / LAST
-    if last.exists():
-        os.replace(last, folder / PREVIOUS)
+    if last.exists():  # keep it as prev.pt without a moment when there is no last.pt (a kill may come any time)
+        link = folder / f"{PREVIOUS}.tmp"
+        link.unlink(missing_ok=True)
+        try:
+            os.link(last, link)
+            os.replace(link, folder / PREVIOUS)
+        except OSError:  # a file system without hard links: move it (a kill here leaves prev.pt and the .tmp)
+            os.replace(last, folder / PREVIOUS)
     os.replace(tmp, last)
     dir_fd = os.open(folder, os.O_RDONLY)
     try:

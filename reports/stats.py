@@ -30,11 +30,11 @@ def finite(evals: pd.DataFrame) -> pd.DataFrame:
     return evals[np.isfinite(evals["value"].to_numpy(dtype=float))]
 
 
-def _last_per_run(evals: pd.DataFrame) -> dict[int, tuple[float, int]]:
-    """Each run's eval at its largest step: run id -> (value, step)."""
+def _last_per_run(evals: pd.DataFrame, keep: str = "last") -> dict[int, tuple[float, int]]:
+    """Each run's eval at its largest step (``keep="first"``: its smallest): run id -> (value, step)."""
     if evals.empty:
         return {}
-    last = evals.sort_values(["run_id", "step"]).drop_duplicates("run_id", keep="last")
+    last = evals.sort_values(["run_id", "step"], kind="stable").drop_duplicates("run_id", keep=keep)
     return {int(r): (float(v), int(s)) for r, v, s in zip(last["run_id"], last["value"], last["step"], strict=True)}
 
 
@@ -46,7 +46,7 @@ def eval_at(runs: pd.DataFrame, evals: pd.DataFrame, step: int) -> pd.DataFrame:
     """
     evals = finite(evals)
     steps = evals["step"].to_numpy()
-    at = _last_per_run(evals[steps == step])  # (value, step) per run, found in one pass each
+    at = _last_per_run(evals[steps == step], keep="first")  # (value, step) per run, found in one pass each
     before = _last_per_run(evals[steps <= step])
     latest = _last_per_run(evals)
     rows = []

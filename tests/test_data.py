@@ -159,6 +159,7 @@ def test_missing_tokenizer_files_fail_fast_with_a_clear_line(workdir, monkeypatc
 def test_worker_processes_write_the_same_shards_as_one_process(tmp_path):
     rows = fineweb_rows(300, seed=4)
     rows[7]["text"] += " a literal <|endoftext|> in the text is ordinary text, ünïcödé too"
+    rows[9]["text"] += " and a lone surrogate \ud800 is replaced, as tiktoken's encode_ordinary does"
     write_jsonl(tmp_path / "d.jsonl", rows)
     src = Source(kind="files", files=[str(tmp_path / "d.jsonl")])
     prepare(src, tmp_path / "one", shard_tokens=2500, batch_docs=16, threads=1, workers=1)

@@ -37,7 +37,7 @@ def test_a_logged_step_is_one_spool_line_and_both_line_forms_are_read_back(engin
     path = tmp_path / "run.spool.jsonl"
     writer = MetricWriter(engine, run, path, interval=3600)
     for step in range(1, 4):
-        writer.add(step, train_loss=1.0 / step, lr=0.1, grad_norm=float("nan"))
+        writer.add(step, train_loss=1.0 / step, lr=0.1)
     lines = path.read_text().splitlines()
     assert len(lines) == 3 and json.loads(lines[0])["m"]["lr"] == 0.1
     # a spool of the per-value form (written before 2026-12) and a garbled per-step line beside good ones
@@ -52,7 +52,22 @@ def test_a_logged_step_is_one_spool_line_and_both_line_forms_are_read_back(engin
     writer.close()
     got = values(engine, run, "train_loss")
     assert got == {1: 1.0, 2: 0.5, 3: 1.0 / 3, 4: 0.25}
-    assert all(v != v for v in values(engine, run, "grad_norm").values())  # NaN kept as NaN
+
+
+def test_a_locked_database_is_an_sqlalchemy_error_the_writer_retries_even_with_key_ids_cached(tmp_path):
+    from sqlalchemy.exc import SQLAlchemyError
+
+    engine = get_engine(str(tmp_path / "runs.db"), busy_s=0.2)
+    run = new_run(engine)
+    store.log_metrics(engine, run, [(1, "a", 1.0)])  # the key's id is cached from here on
+    lock = sqlite3.connect(tmp_path / "runs.db")
+    lock.execute("BEGIN EXCLUSIVE")
+    with pytest.raises(SQLAlchemyError, match="locked"):
+        store.log_steps(engine, run, [(2, {"a": 2.0})])
+    lock.rollback()
+    lock.close()
+    store.log_steps(engine, run, [(2, {"a": 2.0})])
+    assert values(engine, run, "a") == {1: 1.0, 2: 2.0}
 
 
 def test_cached_key_ids_follow_a_database_replaced_under_the_writer(tmp_path):

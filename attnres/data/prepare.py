@@ -149,7 +149,11 @@ def _encode_docs(enc: tiktoken.Encoding, texts: list[str], pool: ThreadPoolExecu
     """Each text as a uint16 array led by <|endoftext|>: tiktoken's ``encode_to_numpy`` (what
     ``encode_ordinary`` gives, as an array: no Python int per token), on ``pool``'s threads."""
     def one(text: str) -> np.ndarray:
-        ids = enc.encode_to_numpy(text, disallowed_special=())
+        try:
+            ids = enc.encode_to_numpy(text, disallowed_special=())
+        except UnicodeEncodeError:  # a lone surrogate: replaced, as encode_ordinary does
+            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+            ids = enc.encode_to_numpy(text, disallowed_special=())
         arr = np.empty(len(ids) + 1, dtype=np.uint16)
         arr[0] = EOT
         arr[1:] = ids

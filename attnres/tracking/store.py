@@ -12,9 +12,11 @@ from datetime import UTC, datetime
 from itertools import chain, repeat
 from pathlib import Path
 from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
 
 from sqlalchemy import Engine, bindparam, delete, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from attnres import paths
@@ -111,14 +113,18 @@ def _insert_ignore(engine: Engine, table: type) -> object:
     raise AttnresError(f"unsupported database dialect '{dialect}' (use SQLite or PostgreSQL)")
 
 
-# Metric key ids, per engine and database file: a key's id never changes within one database, so the
-# writer looks each name up once, not on every batch. Keyed by the file's identity too, so a database
-# deleted and rebuilt (ids assigned anew) is looked up afresh; any failed write forgets the engine's ids.
-_KEY_CACHE: dict[tuple[int, object], dict[str, int]] = {}
+# Metric key ids of SQLite files, per engine and file: a key's id never changes within one database, so
+# the writer looks each name up once, not on every batch. Keyed by the file's identity (device, inode), so
+# a database deleted and rebuilt (ids assigned anew) is looked up afresh; any failed write forgets them.
+# A server database could be recreated unseen: its ids are looked up on every batch (cheap beside its insert).
+_KEY_CACHE: WeakKeyDictionary[Engine, dict[tuple[int, int], dict[str, int]]] = WeakKeyDictionary()
 
 
 def _cached_ids(engine: Engine, names: Iterable[str]) -> dict[str, int]:
-    cache = _KEY_CACHE.setdefault((id(engine), db_identity(engine)), {})
+    identity = db_identity(engine)
+    if identity is None:
+        return key_ids(engine, names)
+    cache = _KEY_CACHE.setdefault(engine, {}).setdefault(identity, {})
     missing = {n for n in names if n not in cache}
     if missing:
         cache.update(key_ids(engine, missing))
@@ -130,9 +136,7 @@ def _metric_insert(engine: Engine) -> str:
     dialect = engine.dialect.name
     mark = "?" if engine.dialect.paramstyle == "qmark" else "%s"
     values = f"({mark}, {mark}, {mark}, {mark})"  # placeholders only: no value is formatted into SQL
-    if dialect == "sqlite":
-        return f"INSERT OR IGNORE INTO metrics (run_id, key_id, step, value) VALUES {values}"  # noqa: S608
-    if dialect == "postgresql":
+    if dialect in ("sqlite", "postgresql"):  # (only a duplicate is skipped: any other failure is an error)
         return f"INSERT INTO metrics (run_id, key_id, step, value) VALUES {values} ON CONFLICT DO NOTHING"  # noqa: S608
     raise AttnresError(f"unsupported database dialect '{dialect}' (use SQLite or PostgreSQL)")
 
@@ -153,8 +157,6 @@ def log_metrics(engine: Engine, run_id: int, rows: Sequence[tuple[int, str, floa
 def log_steps(engine: Engine, run_id: int, entries: Sequence[tuple[int, dict[str, float]]]) -> int:
     """Insert one run's values as the trainer's writer holds them, (step, {key: value}); returns rows given.
 
-    The values are floats or ints already: the writer's spool line (JSON) accepted them.
-
     The writer's hot path: one pass from its entries to the driver's tuples (``attnres bench tracker``
     measures it beside raw sqlite3). Batches with depth-map keys take :func:`log_metrics`.
     """
@@ -162,8 +164,8 @@ def log_steps(engine: Engine, run_id: int, entries: Sequence[tuple[int, dict[str
     if depth_maps.any_keys(keys):
         return log_metrics(engine, run_id, [(st, k, v) for st, values in entries for k, v in values.items()])
     def payload(ids: dict[str, int]) -> Iterable[tuple]:  # tuples made in C, a Python step per logged step
-        return chain.from_iterable(zip(repeat(run_id), map(ids.__getitem__, values), repeat(st), values.values())
-                                   for st, values in entries)
+        return chain.from_iterable(zip(repeat(run_id), map(ids.__getitem__, values), repeat(int(st)),
+                                       map(float, values.values())) for st, values in entries)
 
     _insert(engine, run_id, keys, payload, [])
     return sum(len(values) for _, values in entries)
@@ -178,16 +180,20 @@ def _insert(engine: Engine, run_id: int, keys: set[str], payload: Callable[[dict
         ids = _cached_ids(engine, keys) if keys else {}
         with engine.begin() as conn:
             if keys:  # tuples made as the driver binds them, never all held at once (nor scanned by the GC)
+                sql = _metric_insert(engine)
                 cursor = conn.connection.cursor()
                 try:
-                    cursor.executemany(_metric_insert(engine), payload(ids))
+                    cursor.executemany(sql, payload(ids))
+                except engine.dialect.loaded_dbapi.Error as exc:  # as SQLAlchemy's own calls raise it
+                    raise DBAPIError.instance(sql, None, exc, engine.dialect.loaded_dbapi.Error,
+                                              dialect=engine.dialect) from exc
                 finally:
                     cursor.close()
                 conn.execute(delete(MetricSummary).where(MetricSummary.run_id == run_id))  # stale now
             if weights:
                 conn.execute(_insert_ignore(engine, DepthWeight), [{"run_id": run_id, **w} for w in weights])
     except Exception:
-        _KEY_CACHE.pop((id(engine), db_identity(engine)), None)  # the next try looks every key up again
+        _KEY_CACHE.pop(engine, None)  # the next try looks every key up again
         raise
 
 

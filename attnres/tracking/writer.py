@@ -28,6 +28,13 @@ from attnres.logline import say
 from attnres.tracking import spool, states, store
 from attnres.tracking.db import check_location
 
+
+def _ends_with_newline(path: Path) -> bool:
+    with path.open("rb") as fh:
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1) == b"\n"
+
+
 PROGRESS = frozenset({"step", "heartbeat_at"})  # bookkeeping a later line's flush may carry to the OS
 
 
@@ -61,6 +68,8 @@ class MetricWriter:
         try:
             if self._fh is None:
                 self._fh = self.spool.open("a", encoding="utf-8")
+                if self._fh.tell() and not _ends_with_newline(self.spool):  # an earlier attempt was cut mid-line
+                    self._fh.write("\n")
             self._fh.write(line)
             if flush:
                 self._fh.flush()  # into the OS: survives SIGKILL of this process
@@ -197,8 +206,9 @@ class MetricWriter:
             for step in drops:
                 store.drop_metrics_after(self.engine, self.run_id, step)
             store.log_steps(self.engine, self.run_id, entries)
-            if entries and entries[-1][1]:
-                self.last_row = (next(reversed(entries[-1][1])), entries[-1][0])
+            last = next((entry for entry in reversed(entries) if entry[1]), None)  # the newest step with values
+            if last is not None:
+                self.last_row = (next(reversed(last[1])), last[0])
             store.update_run(self.engine, self.run_id, **store.parse_times(fields))
             for to, extra in moves:
                 outcome = states.transition(self.engine, self.run_id, to, states.TRAINER, **store.parse_times(extra))

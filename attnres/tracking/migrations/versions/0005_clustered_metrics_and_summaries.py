@@ -28,6 +28,7 @@ _COLUMNS = ("run_id INTEGER NOT NULL, key_id INTEGER NOT NULL, step INTEGER NOT 
 
 def _rebuild_metrics(rowid: bool) -> None:
     """Copy the metrics into a table of the other layout (SQLite cannot change it in place)."""
+    op.execute("DROP TABLE IF EXISTS metrics_new")  # left by an upgrade that was cut short
     op.execute(f"CREATE TABLE metrics_new ({_COLUMNS}{'' if rowid else ' WITHOUT ROWID'}")
     op.execute("INSERT INTO metrics_new (run_id, key_id, step, value) SELECT run_id, key_id, step, value FROM metrics")
     op.execute("DROP TABLE metrics")

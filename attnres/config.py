@@ -103,6 +103,11 @@ class ModelConfig:
         return self.d_model // self.n_head
 
     @property
+    def depth_steps(self) -> int:
+        """Steps the residual module combines: a layer each, or each layer's two sublayers."""
+        return self.n_layer * (2 if self.residual.granularity == "sublayer" else 1)
+
+    @property
     def mlp_hidden(self) -> int:
         m = self.mlp_multiple_of
         return m * math.ceil(int(8 * self.d_model / 3) / m)

@@ -106,8 +106,7 @@ class GPT(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.n_layer))
-        n_steps = cfg.n_layer * (2 if cfg.residual.granularity == "sublayer" else 1)
-        self.residual = build_residual(cfg.residual, cfg.d_model, n_steps, cfg.norm_eps)
+        self.residual = build_residual(cfg.residual, cfg.d_model, cfg.depth_steps, cfg.norm_eps)
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.head.weight = self.embed.weight  # tied, as GPT-2

@@ -13,8 +13,7 @@ if TYPE_CHECKING:
 
 def depth_sources(cfg: ModelConfig) -> list[int]:
     """How many sources each depth-attention site attends to ([] for the standard residual)."""
-    n_steps = cfg.n_layer * (2 if cfg.residual.granularity == "sublayer" else 1)
-    return [len(sources) for sources in cfg.residual.source_plan(n_steps)]
+    return [len(sources) for sources in cfg.residual.source_plan(cfg.depth_steps)]
 
 
 PARAM_COLUMNS = ["step queries", "readout query", "key gains", "other"]

@@ -55,8 +55,8 @@ def bench(
     device: Annotated[str | None, typer.Option(help="variants: cpu | cuda (default: cuda if present)")] = None,
     megabytes: Annotated[float, typer.Option(help="bench data: text size")] = 8.0,
     runs: Annotated[int | None, typer.Option(help="bench report: runs (200; tracker: 40)")] = None,
-    rows: Annotated[int, typer.Option(help="bench tracker: metric rows to ingest")] = 100_000,
-    status_runs: Annotated[int, typer.Option(help="bench tracker: runs `attnres status` lists from")] = 1000,
+    rows: Annotated[int, typer.Option(min=1, help="bench tracker: metric rows to ingest")] = 100_000,
+    status_runs: Annotated[int, typer.Option(min=1, help="bench tracker: runs `attnres status` lists from")] = 1000,
     server: Annotated[str | None, typer.Option(help="bench tracker: also ingest into this PostgreSQL URL")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:

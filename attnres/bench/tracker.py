@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from attnres.errors import AttnresError
+from attnres.tracking.anchor import raw_sqlite_insert_s
 
 KEYS = ("train_loss", "lr", "grad_norm", "tokens_per_s", "peak_memory_bytes")
 ReportWriter = Callable[..., object]  # reports.build.write_report(engine, out, plots=...)
@@ -70,16 +71,13 @@ def _ingest_raw(tmp: Path, steps: int) -> float:
     """Seconds for raw sqlite3 ``executemany`` of the same rows into the same schema (one commit)."""
     engine, run_id = _new_run(f"sqlite:///{tmp}/raw.db", tmp)
     engine.dispose()
-    from attnres.tracking.anchor import raw_sqlite_insert_s
-
     payload = [(run_id, k, step, 3.0 + 1 / step) for step in range(1, steps + 1) for k in range(1, len(KEYS) + 1)]
     return raw_sqlite_insert_s(tmp / "raw.db", KEYS, payload)
 
 
-def bench_ingest(tmp: Path, rows: int, repeat: int = 3) -> dict[str, float]:
+def bench_ingest(tmp: Path, steps: int, repeat: int = 3) -> dict[str, float]:
     """Rows/s from the writer's hand-over until the database holds them, beside raw sqlite3's executemany:
     the best of ``repeat`` alternating tries each, each on fresh files (a shared machine's noise is one-sided)."""
-    steps = max(1, rows // len(KEYS))
     ours = raw = float("inf")
     for attempt in range(repeat):
         folder = tmp / f"ingest-{attempt}"
@@ -177,10 +175,10 @@ def bench_tracker(write_report: ReportWriter, rows: int = 100_000, report_runs: 
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         progress(f"ingest: {rows:,} rows through the writer, then raw sqlite3")
-        out = bench_ingest(tmp, rows) | bench_log_calls(tmp, max(1, rows // len(KEYS)))
+        steps = max(1, rows // len(KEYS))  # logged steps of 5 values
+        out = bench_ingest(tmp, steps) | bench_log_calls(tmp, steps)
         if server:
             progress(f"ingest: {rows:,} rows through the writer into {server.split('@')[-1]}")
-            steps = max(1, rows // len(KEYS))
             best = min(_ingest_ours(tmp, steps, server) for _ in range(3))
             out["server_ingest_rows_per_s"] = steps * len(KEYS) / best
         progress(f"report: {report_runs} runs x {report_steps:,} steps")

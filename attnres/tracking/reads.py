@@ -42,31 +42,31 @@ class Results:
     maps: pd.DataFrame = field(default_factory=pd.DataFrame)  # depth maps: each run's last one
 
 
-def _key_stats(engine: Engine, key: str, run_ids: list[int]) -> pd.DataFrame:
-    """Per run (index): row count ``n``, ``mean``, max ``high`` and ``last_step`` of one key's values.
+def _key_stats(engine: Engine, keys: list[str], run_ids: list[int]) -> dict[str, pd.DataFrame]:
+    """Per key, per run (index): row count ``n``, ``mean``, max ``high`` and ``last_step`` of its values.
 
-    Read from the runs' summaries (written when a run ends or is imported); the runs without one
-    (still going, or ended before summaries existed) are aggregated here, those runs only.
+    Read from the runs' summaries (written when a run ends or is imported: a run that has them has
+    one per key it logged); the runs without (still going, or ended before summaries existed) are
+    aggregated here, those runs only.
     """
     cols = ["n", "mean", "high", "last_step"]
     if not run_ids:
-        return pd.DataFrame(columns=cols, dtype="float64")
-    key_id = select(MetricKey.id).where(MetricKey.name == key).scalar_subquery()
-    s = MetricSummary
-    kept = select(s.run_id, s.n, s.mean, s.high, s.last_step).where(s.key_id == key_id, s.run_id.in_(run_ids))
+        return {key: pd.DataFrame(columns=cols, dtype="float64") for key in keys}
+    s, m = MetricSummary, Metric
     with engine.connect() as conn:
-        rows = [tuple(r) for r in conn.execute(kept)]
-        have = {r[0] for r in rows}
-        summarized = select(MetricSummary.run_id).where(MetricSummary.run_id.in_(run_ids)).distinct()
-        done = set(conn.execute(summarized).scalars())  # runs with summaries lack this key if none was kept
-        missing = [r for r in run_ids if r not in have and r not in done]
-        if missing:
-            m = Metric
-            q = (select(m.run_id, func.count(), func.avg(m.value), func.max(m.value), func.max(m.step))
-                 .where(m.key_id == key_id, m.run_id.in_(missing)).group_by(m.run_id))
-            rows += [tuple(r) for r in conn.execute(q)]
-    frame = pd.DataFrame(rows, columns=["run_id", *cols]).set_index("run_id")
-    return frame.astype("float64")
+        done = set(conn.execute(select(s.run_id).where(s.run_id.in_(run_ids)).distinct()).scalars())
+        missing = [r for r in run_ids if r not in done]
+        out = {}
+        for key in keys:
+            key_id = select(MetricKey.id).where(MetricKey.name == key).scalar_subquery()
+            kept = select(s.run_id, s.n, s.mean, s.high, s.last_step).where(s.key_id == key_id, s.run_id.in_(run_ids))
+            rows = [tuple(r) for r in conn.execute(kept).all()]
+            if missing:
+                q = (select(m.run_id, func.count(), func.avg(m.value), func.max(m.value), func.max(m.step))
+                     .where(m.key_id == key_id, m.run_id.in_(missing)).group_by(m.run_id))
+                rows += [tuple(r) for r in conn.execute(q).all()]
+            out[key] = pd.DataFrame(rows, columns=["run_id", *cols]).set_index("run_id").astype("float64")
+    return out
 
 
 def _evals(engine: Engine, where: object) -> pd.DataFrame:
@@ -105,9 +105,9 @@ def load_results(engine: Engine, variants: list[str] | None = None, step: int | 
     old_runs = runs.loc[old, ["id", "variant", "seed"]].reset_index(drop=True)
     runs = runs.loc[[not o for o in old]]
     ids = runs["id"].astype(int).tolist()
-    eval_stats = _key_stats(engine, "eval_loss", ids)
-    last_step = eval_stats["last_step"]
-    n_rows = int(eval_stats["n"].sum())
+    stats = _key_stats(engine, ["eval_loss", "train_loss", "tokens_per_s", "peak_memory_bytes"], ids)
+    last_step = stats["eval_loss"]["last_step"]
+    n_rows = int(stats["eval_loss"]["n"].sum())
     common = _common_step(engine, runs, last_step) if ids else None
     if n_rows <= FULL_CURVES_UP_TO:
         evals = _evals(engine, Metric.run_id.in_(ids))
@@ -122,7 +122,7 @@ def load_results(engine: Engine, variants: list[str] | None = None, step: int | 
             extra = _evals(engine, Metric.run_id.in_(missing["run_id"].tolist())
                            & Metric.step.in_(missing["step"].unique().tolist()))
             evals = pd.concat([evals, extra.merge(missing[["run_id", "step"]])], ignore_index=True)
-    train_step = _key_stats(engine, "train_loss", ids)["last_step"]
+    train_step = stats["train_loss"]["last_step"]
     final_train = pd.Series(dtype="float64")
     if len(train_step):
         key = select(MetricKey.id).where(MetricKey.name == "train_loss").scalar_subquery()
@@ -136,7 +136,7 @@ def load_results(engine: Engine, variants: list[str] | None = None, step: int | 
         final_train = rows.set_index("run_id")["value"]
     runs = runs.set_index("id", drop=False)
     runs["final_train_loss"] = final_train
-    runs["tokens_per_s"] = _key_stats(engine, "tokens_per_s", ids)["mean"] if ids else float("nan")
-    runs["peak_memory_bytes"] = _key_stats(engine, "peak_memory_bytes", ids)["high"] if ids else float("nan")
+    runs["tokens_per_s"] = stats["tokens_per_s"]["mean"]
+    runs["peak_memory_bytes"] = stats["peak_memory_bytes"]["high"]
     return Results(runs.reset_index(drop=True), evals.sort_values(["run_id", "step"], ignore_index=True), common,
                    old_runs, depth_maps.maps(engine, ids))

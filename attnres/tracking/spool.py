@@ -49,6 +49,11 @@ def fields_line(run_id: int, fields: dict[str, object]) -> str:
     return f'{{"run": {int(run_id)}, "fields": {_encode(_jsonable(fields))}}}\n'
 
 
+def step_line(run_id: int, step: int) -> str:
+    """``fields_line(run_id, {"step": step})``, formatted directly: the training thread writes one every step."""
+    return f'{{"run": {int(run_id)}, "fields": {{"step": {int(step)}}}}}\n'
+
+
 def snapshot_line(run_id: int, row: dict[str, object]) -> str:
     return json.dumps({"run": run_id, "snapshot": _jsonable(row)}) + "\n"
 

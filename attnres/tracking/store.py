@@ -235,23 +235,6 @@ def metrics_frame(engine: Engine, keys: Sequence[str], run_ids: Sequence[int] | 
         return pd.DataFrame(conn.execute(q).all(), columns=["run_id", "key", "step", "value"])
 
 
-def latest_metrics(engine: Engine, keys: Sequence[str], run_ids: Sequence[int]) -> pd.DataFrame:
-    """The last value of each key for each run: a (run_id x key) table."""
-    import pandas as pd
-
-    last = (select(Metric.run_id, Metric.key_id, func.max(Metric.step).label("step"))
-            .join(MetricKey, MetricKey.id == Metric.key_id)
-            .where(MetricKey.name.in_(list(keys)), Metric.run_id.in_(list(run_ids)))
-            .group_by(Metric.run_id, Metric.key_id).subquery())
-    q = (select(Metric.run_id, MetricKey.name, Metric.value)
-         .join(last, (Metric.run_id == last.c.run_id) & (Metric.key_id == last.c.key_id)
-               & (Metric.step == last.c.step))
-         .join(MetricKey, MetricKey.id == Metric.key_id))
-    with engine.connect() as conn:
-        df = pd.DataFrame(conn.execute(q).all(), columns=["run_id", "key", "value"])
-    return df.pivot(index="run_id", columns="key", values="value") if len(df) else pd.DataFrame()
-
-
 STATUS_COLUMNS = ["id", "experiment", "variant", "seed", "status", "step", "total_steps", "stop_step", "config_json"]
 
 

@@ -74,8 +74,11 @@ class MetricWriter:
             if flush:
                 self._fh.flush()  # into the OS: survives SIGKILL of this process
         except OSError as exc:  # disk full, unwritable folder: keep rows in memory, keep training
-            self.spool_ok = False
-            say(f"attnres: cannot write spool {self.spool} ({exc.strerror}); metrics kept in memory", err=True)
+            self._spool_failed(exc)
+
+    def _spool_failed(self, exc: OSError) -> None:
+        self.spool_ok = False
+        say(f"attnres: cannot write spool {self.spool} ({exc.strerror}); metrics kept in memory", err=True)
 
     def add(self, step: int, **values: float) -> None:
         """Record metric values of one step."""
@@ -100,7 +103,7 @@ class MetricWriter:
 
     def progress(self, step: int) -> None:
         """Record the run's newest completed step (``update_run(step=...)``, made cheap: every step calls it)."""
-        line = f'{{"run": {self.run_id}, "fields": {{"step": {int(step)}}}}}\n'
+        line = spool.step_line(self.run_id, step)
         with self.lock:
             self._append(line, flush=False)
             self.fields["step"] = step
@@ -140,8 +143,7 @@ class MetricWriter:
                 try:
                     self._fh.flush()
                 except OSError as exc:
-                    self.spool_ok = False
-                    say(f"attnres: cannot write spool {self.spool} ({exc.strerror}); metrics kept in memory", err=True)
+                    self._spool_failed(exc)
 
     def flush(self, timeout: float = 60.0) -> bool:
         """Write everything now; True if the database holds it all."""

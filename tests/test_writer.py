@@ -200,3 +200,15 @@ def test_a_spool_from_before_snapshot_lines_still_rebuilds_its_run(tmp_path):
                        {"r": run, "s": 1, "k": "a", "v": 1.0}])
     fresh = get_engine(str(tmp_path / "b.db"))
     assert spool.ingest(fresh, path)["runs"] == 1 and values(fresh, run, "a") == {1: 1.0}
+
+
+def test_a_spool_cut_mid_line_by_a_kill_loses_only_that_line(engine, tmp_path):
+    run = queued(engine)
+    path = tmp_path / "run.spool.jsonl"
+    path.write_text(json.dumps({"r": run, "s": 1, "m": {"a": 1.0}}) + "\n" + '{"run": 1, "fields": {"st')  # killed
+    writer = MetricWriter(engine, run, path, interval=3600)  # the next attempt appends to the same spool
+    writer.add(2, a=2.0)
+    logs, bad = spool.read(path)
+    assert [(s, k) for s, k, _ in logs[run].metrics] == [(1, "a"), (2, "a")] and len(bad) == 1
+    assert writer.close()
+    assert values(engine, run, "a") == {1: 1.0, 2: 2.0}

@@ -57,8 +57,8 @@ def launch(engine: Engine, db_url: str, req: LaunchRequest, cells: Sequence[Plan
     ``on_queued(ids)`` is called once the rows exist and may return a tick callback that the
     backend calls while it waits (the CLI's progress bars).
     """
-    for name in {c.cfg.data for c in cells if not c.skip}:
-        check_data(name)
+    for name, vocab in {(c.cfg.data, c.cfg.model.vocab_size) for c in cells if not c.skip}:
+        check_data(name, vocab)
     planned = [c for c in cells if not c.skip]
     ids = enqueue(engine, cells, req)
     late = [f"{c.cfg.variant} seed={c.cfg.seed}: skip: {c.skip}" for c in planned if c.skip]

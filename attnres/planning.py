@@ -20,7 +20,7 @@ from sqlalchemy import Engine
 from attnres import backends, paths
 from attnres.backends import Placement
 from attnres.config import RunConfig
-from attnres.data.prepare import ensure_builtin, read_manifest
+from attnres.data.prepare import BUILTIN, ensure_builtin, read_manifest
 from attnres.errors import AttnresError
 from attnres.tracking import states, store
 from attnres.variants import canonical, resolve_run
@@ -102,12 +102,14 @@ def plan(engine: Engine | None, req: LaunchRequest) -> list[PlannedRun]:
     return grid
 
 
-def check_data(name: str) -> None:
-    """Make sure a run's dataset exists before anything starts (the built-in one is made on demand)."""
-    if name == "builtin":
-        ensure_builtin()
-    else:
-        read_manifest(paths.dataset(name))
+def check_data(name: str, vocab_size: int | None = None) -> None:
+    """Make sure a run's dataset exists before anything starts (the built-in ones are made on demand),
+    and that the model's vocabulary holds every token id of it."""
+    path = ensure_builtin(name) if name in BUILTIN else paths.dataset(name)
+    manifest = read_manifest(path)
+    if vocab_size is not None and manifest["vocab_size"] > vocab_size:
+        raise AttnresError(f"data '{name}' has {manifest['vocab_size']} token ids but the model's vocab_size is "
+                           f"{vocab_size}: --set vocab_size={manifest['vocab_size']} or more")
 
 
 @cache

@@ -180,11 +180,14 @@ def data_prepare(
     force: Annotated[bool, typer.Option(help="discard an existing dataset at --out")] = False,
     workers: Annotated[int | None, typer.Option(min=1, max=1024, help="processes encoding batches (default: "
                                                 "one per core; 1: threads in this process)")] = None,
+    tokenizer: Annotated[str, typer.Option(help="gpt2 (GPT-2 BPE) | bytes (UTF-8 bytes, 257 ids: quick CPU "
+                                           "runs with --set vocab_size=320; default out data/<source>-bytes)")]
+    = "gpt2",
 ) -> None:
-    """Tokenize a corpus (GPT-2 BPE) into uint16 shards with a held-out split and a manifest."""
+    """Tokenize a corpus (GPT-2 BPE, or bytes) into uint16 shards with a held-out split and a manifest."""
     from attnres.data.prepare import prepare, source_for
 
-    src, target = source_for(source, data_files, config, max_tokens, eval_fraction, out)
+    src, target = source_for(source, data_files, config, max_tokens, eval_fraction, out, tokenizer)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # (not on status's path)
 
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[rate]}"),

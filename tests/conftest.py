@@ -19,11 +19,21 @@ if "TIKTOKEN_CACHE_DIR" not in os.environ and SHARED_TIKTOKEN.is_dir():
     os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED_TIKTOKEN)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Tests run side by side, one per core, each with its trainers: one compute thread per process. Two
+    # threads each oversubscribe the cores and OpenMP's spinning threads wait on each other (two 150-step
+    # runs at once took 38 s with two threads each, 21 s with one).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# Small, fast runs: the full GPT-2 vocabulary (real data), so a narrow model and few tokens per step.
-FAST = ["--set", "batch_size=4", "--set", "eval_batches=2", "--set", "eval_every=10",
-        "--set", "log_every=2", "--set", "warmup=2", "--set", "n_layer=2", "--set", "d_model=32",
-        "--set", "n_head=2", "--set", "seq_len=32"]
+# Small, fast runs of the GPT-2 vocabulary (a user's default path): a narrow model, few tokens per step.
+FAST_GPT2 = ["--set", "batch_size=4", "--set", "eval_batches=2", "--set", "eval_every=10",
+             "--set", "log_every=2", "--set", "warmup=2", "--set", "n_layer=2", "--set", "d_model=32",
+             "--set", "n_head=2", "--set", "seq_len=32"]
+# The same on the built-in corpus as UTF-8 bytes (257 ids): a step is then the layers', not a 50257-wide
+# output layer's, several times faster.
+FAST = [*FAST_GPT2, "--data", "builtin-bytes", "--set", "vocab_size=320"]
+# Steps of a run that a test ends by a kill or a signal: it cannot finish first, however fast the machine.
+LONG = "100000"
 
 
 # The issue's tiny run: 150 steps, every step logged (5 values a step) and evals every 25 steps.
@@ -59,11 +69,12 @@ def metric_rows(db: Path, run_id: int = 1) -> int:
 
 @pytest.fixture(scope="session")
 def builtin_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The built-in corpus, prepared once for the whole session."""
+    """The built-in corpus (GPT-2 tokens and bytes), prepared once for the whole session."""
     from attnres.data.prepare import Source, prepare
 
     root = tmp_path_factory.mktemp("data")
     prepare(Source(kind="builtin"), root / "builtin")
+    prepare(Source(kind="builtin", tokenizer="bytes"), root / "builtin-bytes")
     return root
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import attnres
+from conftest import attnres, runs
 
 from attnres.data.corpus import is_eval
 from attnres.data.loader import TokenShards, TrainLoader
@@ -127,6 +127,26 @@ def test_builtin_corpus_is_real_prose_with_a_held_out_split(builtin_data):
     assert m["splits"]["train"]["tokens"] > 100_000 and m["splits"]["eval"]["tokens"] > 10_000
     text = get_encoding().decode(split_stream(builtin_data / "builtin", "train")[:400].tolist())
     assert " the " in text
+
+
+def test_the_bytes_tokenizer_needs_no_download_and_its_vocabulary_is_checked_at_launch(workdir, monkeypatch):
+    rows = fineweb_rows(40, seed=2)
+    write_jsonl(workdir / "d.jsonl", rows)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(workdir / "no-cache"))  # bytes never load tiktoken
+    monkeypatch.setenv("ATTNRES_DATA", str(workdir / "data"))
+    attnres("data", "prepare", "--data-files", "d.jsonl", "--tokenizer", "bytes", check=True)
+    out = workdir / "data" / "files-bytes"  # the default folder says which tokenizer made it
+    m = read_manifest(out)
+    assert (m["tokenizer"], m["eot"], m["vocab_size"]) == ("utf-8 bytes", 256, 257)
+    stream = np.concatenate([split_stream(out, s) for s in ("train", "eval")])
+    docs = np.split(stream, np.flatnonzero(stream == 256))[1:]  # each document led by end-of-text
+    assert sorted(bytes(d[1:].astype(np.uint8)) for d in docs) == sorted(r["text"].encode() for r in rows)
+    # the model must hold the data's ids: refused before anything is recorded, in one line
+    bad = attnres("launch", "standard", "--data", "files-bytes", "--set", "vocab_size=200", "--steps", "2")
+    assert bad.returncode == 2 and "--set vocab_size=257 or more" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1 and runs(workdir) == []
+    unknown = attnres("data", "prepare", "--tokenizer", "morse")
+    assert unknown.returncode == 2 and "unknown tokenizer 'morse'; choose gpt2, bytes" in unknown.stderr
 
 
 @pytest.mark.parametrize(("args", "message"), [

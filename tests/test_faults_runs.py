@@ -47,6 +47,9 @@ def test_database_deleted_mid_run_loses_nothing_and_sync_rebuilds_it(workdir):
         (workdir / f"runs.db{suffix}").unlink(missing_ok=True)
     wait_for(lambda: not process_alive(queue_pid(out)))  # the queue settled the run and left
     assert (workdir / "logs" / "run-1.spool.jsonl").stat().st_size > 0  # kept: nothing confirmed it
+    log = (workdir / "logs" / "run-1.log").read_text()
+    assert "database write failed" in log and "attnres sync" in log and "Traceback" not in log  # trained on
+    assert not (workdir / "runs.db").exists() or metric_rows(workdir / "runs.db") == 0  # no new empty file
     synced = attnres("sync", check=True).stdout
     assert "1 run(s) recreated" in synced
     rows = metric_rows(workdir / "runs.db")
@@ -135,7 +138,7 @@ def test_disk_full_where_logs_and_spool_live(workdir, small_disk):
     assert (r["status"], r["step"], r["exit_code"], rows) == ("finished", ISSUE_STEPS, 0, ISSUE_ROWS) and r["ended_at"]
 
 
-def test_a_cut_checkpoint_falls_back_to_the_previous_one_and_restart_starts_over(workdir):
+def test_a_cut_checkpoint_falls_back_to_the_previous_one(workdir):
     attnres("launch", "standard", "--seeds", "1", *ISSUE_RUN, "--set", "checkpoint_every=10", "--detach", check=True)
     at_step(workdir, ISSUE_MID)
     attnres("kill", "1", check=True)
@@ -149,22 +152,24 @@ def test_a_cut_checkpoint_falls_back_to_the_previous_one_and_restart_starts_over
     attnres("kill", "--all")
     again = attnres("resume", "1")
     assert again.returncode == 2 and "only failed, killed, preempted" in again.stderr
-    # a killed run can be started over instead: its checkpoints are set aside, its metrics dropped. The run is
-    # too long to finish, so the kill always finds it going however fast the machine.
-    attnres("launch", "standard", "--seeds", "2", *issue_run(100_000), "--set", "checkpoint_every=2", "--detach",
-            check=True)
-    wait_for(lambda: len(runs(workdir)) == 2 and runs(workdir)[1]["step"] >= 5)
-    attnres("kill", "2", check=True)
+
+
+def test_restart_sets_a_killed_runs_checkpoints_aside_and_starts_it_over(workdir):
+    # The run is too long to finish, so the kill always finds it going however fast the machine.
+    attnres("launch", "standard", "--seeds", "2", *issue_run(100_000), "--data", "builtin-bytes", "--set",
+            "vocab_size=320", "--set", "checkpoint_every=2", "--detach", check=True)
+    wait_for(lambda: runs(workdir) and runs(workdir)[0]["step"] >= 5)
+    attnres("kill", "1", check=True)
     with sqlite3.connect(workdir / "runs.db") as conn:  # a row the restarted run cannot have written yet
-        conn.execute("insert into metrics (run_id, key_id, step, value) select 2, id, 99999, 0.0 from metric_keys "
+        conn.execute("insert into metrics (run_id, key_id, step, value) select 1, id, 99999, 0.0 from metric_keys "
                      "where name = 'train_loss'")
-    restarted = attnres("resume", "2", "--restart", "--detach", check=True)
-    assert 99999 not in train_steps(workdir / "runs.db", 2), restarted.stdout
-    assert (workdir / "checkpoints" / "run-2.restart-1" / "last.pt").is_file()
-    wait_for(lambda: runs(workdir)[1]["status"] == "running" and len(train_steps(workdir / "runs.db", 2)) >= 3)
-    steps = train_steps(workdir / "runs.db", 2)
+    restarted = attnres("resume", "1", "--restart", "--detach", check=True)
+    assert 99999 not in train_steps(workdir / "runs.db", 1), restarted.stdout
+    assert (workdir / "checkpoints" / "run-1.restart-1" / "last.pt").is_file()
+    wait_for(lambda: runs(workdir)[0]["status"] == "running" and len(train_steps(workdir / "runs.db", 1)) >= 3)
+    steps = train_steps(workdir / "runs.db", 1)
     assert steps == list(range(1, len(steps) + 1))  # from step 1 again
-    attnres("kill", "2", check=True)
+    attnres("kill", "1", check=True)
 
 
 def test_ctrl_c_on_a_foreground_grid_preempts_it_and_a_relaunch_continues_it(workdir):

@@ -7,7 +7,7 @@ import signal
 import time
 
 import psutil
-from conftest import FAST, attnres, runs, wait_for
+from conftest import FAST, LONG, attnres, runs, train_steps, wait_for
 
 from attnres.backends.local import process_alive
 from attnres.overview import grid_rows
@@ -30,14 +30,18 @@ def test_detached_queue_runs_cpu_jobs_one_after_the_other(workdir):
 
 
 def test_sigkill_of_a_trainer_is_failed_within_30s_and_the_queue_goes_on(workdir):
-    attnres("launch", "standard", "--seeds", "1", "2", "--steps", "400", *FAST, "--detach", check=True)
-    pid = wait_for(lambda: (r := runs(workdir)[0])["status"] == "running" and r["step"] >= 2 and r["pid"])
+    attnres("launch", "standard", "--seeds", "1", "2", "--steps", LONG, *FAST, "--set", "log_every=1", "--detach",
+            check=True)
+    pid = wait_for(lambda: (r := runs(workdir)[0])["status"] == "running" and r["step"] >= 7 and r["pid"])
     killed_at = time.monotonic()
-    os.kill(pid, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)  # mid-write, as likely as not
     wait_for(lambda: runs(workdir)[0]["status"] == "failed", timeout=30)
     assert time.monotonic() - killed_at < 30
     first = runs(workdir)[0]
     assert first["exit_code"] != 0 and "without recording an end" in first["message"]
+    steps = train_steps(workdir / "runs.db")
+    print(f"FAULT-TABLE sigkill trainer: last step {max(steps)} expected {max(steps)} found {len(steps)}")
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 7  # every step up to the kill, no gap
     wait_for(lambda: runs(workdir)[1]["status"] == "running")  # the next run starts
     status = attnres("status", check=True).stdout
     assert "failed" in status
@@ -52,14 +56,14 @@ def test_sigkill_of_a_trainer_is_failed_within_30s_and_the_queue_goes_on(workdir
 
 
 def test_sigterm_preempts_with_a_checkpoint_and_relaunching_the_grid_resumes(workdir):
-    args = ["--steps", "400", *FAST, "--set", "checkpoint_every=1000"]
+    args = ["--steps", LONG, *FAST, "--set", "checkpoint_every=1000"]
     attnres("launch", "standard", "--seeds", "3", *args, "--detach", check=True)
     run = wait_for(lambda: (r := runs(workdir)[0])["status"] == "running" and r["step"] >= 3 and r)
     os.kill(run["agent_pid"], signal.SIGTERM)  # as a scheduler's preemption does: torchrun forwards it
     wait_for(lambda: runs(workdir)[0]["status"] == "preempted")
     stopped = runs(workdir)[0]["step"]
     assert (workdir / "checkpoints" / "run-1" / "last.pt").exists()
-    again = attnres("launch", "standard", "--seeds", "3", *args, "--set", "steps=400", "--detach", check=True)
+    again = attnres("launch", "standard", "--seeds", "3", *args, "--set", f"steps={LONG}", "--detach", check=True)
     assert "resume run 1" in again.stdout
     wait_for(lambda: runs(workdir)[0]["step"] > stopped)
     attnres("kill", "1", check=True)
@@ -75,7 +79,7 @@ def test_diverged_run_records_the_step(workdir):
 
 
 def test_kill_of_a_queued_run_means_it_never_starts(workdir):
-    out = attnres("launch", "standard", "--seeds", "1", "2", "--steps", "400", *FAST, "--detach", check=True).stdout
+    out = attnres("launch", "standard", "--seeds", "1", "2", "--steps", LONG, *FAST, "--detach", check=True).stdout
     queue = int(out.split("(pid ")[1].split(")")[0])
     trainer = wait_for(lambda: (r := runs(workdir)[0])["status"] == "running" and r["pid"])
     attnres("kill", "2", check=True)

@@ -7,7 +7,7 @@ import sqlite3
 import subprocess
 
 import pytest
-from conftest import FAST, attnres, runs, wait_for
+from conftest import FAST, FAST_GPT2, LONG, attnres, runs, wait_for
 
 from attnres.tracking import store
 from attnres.tracking.db import get_engine
@@ -50,7 +50,7 @@ def test_slurm_runs_a_tiny_grid_through_sbatch_to_finished(workdir):
 @pytest.mark.skipif(not SLURM, reason="SLURM not started (.ci/services.sh start sets ATTNRES_TEST_SLURM)")
 @pytest.mark.xdist_group("slurm")  # one node: its jobs run one test at a time
 def test_slurm_kill_cancels_the_job(workdir):
-    attnres("launch", "standard", "--seeds", "9", "--steps", "5000", *FAST, "--backend", "slurm", check=True)
+    attnres("launch", "standard", "--seeds", "9", "--steps", LONG, *FAST, "--backend", "slurm", check=True)
     wait_for(lambda: runs(workdir)[0]["status"] == "running")
     job = runs(workdir)[0]["job_id"]
     attnres("kill", "1", check=True)
@@ -62,7 +62,8 @@ def test_slurm_kill_cancels_the_job(workdir):
 @pytest.mark.skipif(not SLURM, reason="SLURM not started (.ci/services.sh start sets ATTNRES_TEST_SLURM)")
 @pytest.mark.xdist_group("slurm")  # one node: its jobs run one test at a time
 def test_slurm_requeue_resumes_from_the_checkpoint(workdir):
-    attnres("launch", "standard", "--seeds", "4", "--steps", "80", *FAST, "--set", "checkpoint_every=5",
+    # GPT-2's vocabulary: its slower steps leave the requeue a run still going after step 10
+    attnres("launch", "standard", "--seeds", "4", "--steps", "80", *FAST_GPT2, "--set", "checkpoint_every=5",
             "--backend", "slurm", check=True)
     wait_for(lambda: (r := runs(workdir)[0])["status"] == "running" and r["step"] >= 10)
     job = runs(workdir)[0]["job_id"]

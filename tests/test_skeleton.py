@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from conftest import FAST, attnres
+from conftest import FAST, FAST_GPT2, attnres
 
 
 def eval_curve(db: str, run_id: int) -> list[tuple[int, float]]:
@@ -15,7 +15,7 @@ def eval_curve(db: str, run_id: int) -> list[tuple[int, float]]:
 
 
 def test_launch_two_seeds_records_finished_runs_whose_eval_loss_fell(workdir):
-    proc = attnres("launch", "standard", "--seeds", "42", "1337", "--steps", "20", *FAST, "--set", "lr=1e-2",
+    proc = attnres("launch", "standard", "--seeds", "42", "1337", "--steps", "20", *FAST_GPT2, "--set", "lr=1e-2",
                    check=True)
     assert "run 1: finished" in proc.stdout and "run 2: finished" in proc.stdout
     db = str(workdir / "runs.db")

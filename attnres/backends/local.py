@@ -50,8 +50,16 @@ from attnres.tracking.db import check_location, get_engine, normalize_url
 from attnres.tracking.schema import Run
 
 
+def gpu_driver_loaded() -> bool:
+    """Whether an NVIDIA or AMD GPU driver is loaded here: without one there is no GPU to count, and
+    asking torch would cost the queue a 2-3 s import on every launch of a CPU machine."""
+    return Path("/proc/driver/nvidia").exists() or Path("/dev/kfd").exists() or any(Path("/dev").glob("nvidia[0-9]*"))
+
+
 def visible_gpus() -> list[str]:
     """This machine's GPUs as the ids CUDA_VISIBLE_DEVICES takes (honouring one already set)."""
+    if not gpu_driver_loaded():
+        return []
     try:
         import torch
 

@@ -3,7 +3,7 @@
 Layout of a prepared dataset folder::
 
     manifest.json           source, tokenizer, counts, shard list with sha256; "complete" flag
-    train_000000.bin ...    uint16 GPT-2 tokens, each document preceded by <|endoftext|>
+    train_000000.bin ...    uint16 tokens (GPT-2's, or UTF-8 bytes), each document preceded by end-of-text
     eval_000000.bin ...     the held-out documents (chosen by id hash, never in train)
 
 Shards are written to ``*.tmp`` and renamed only when whole, and the manifest is rewritten
@@ -31,7 +31,7 @@ import tiktoken
 
 from attnres import paths
 from attnres.data import corpus
-from attnres.data.tokenizer import ENCODING, EOT, VOCAB, get_encoding
+from attnres.data.tokenizer import EOT, TOKENIZERS, check_tokenizer, encode_bytes, get_encoding
 from attnres.errors import AttnresError
 
 MANIFEST = "manifest.json"
@@ -48,6 +48,7 @@ class Source:
     config: str = corpus.FINEWEB_CONFIG
     max_tokens: int = 0  # 0 = no cap
     eval_fraction: float = 0.1
+    tokenizer: str = "gpt2"  # a key of TOKENIZERS
 
     def documents(self) -> Iterator[corpus.Document]:
         if self.kind == "builtin":
@@ -58,6 +59,8 @@ class Source:
 
     def identity(self) -> dict:
         d = asdict(self)
+        if self.tokenizer == "gpt2":  # (as datasets prepared before there was a choice recorded it)
+            del d["tokenizer"]
         if self.kind == "files":
             d["files"] = [str(Path(f).resolve()) for f in corpus._expand(self.files)]
         return d
@@ -68,8 +71,10 @@ SOURCE_NAMES = {"builtin": "builtin", "files": "files", "fineweb-edu": "hub"}
 
 
 def source_for(name: str, data_files: list[str] | None = None, config: str = corpus.FINEWEB_CONFIG,
-               max_tokens: int = 0, eval_fraction: float = 0.1, out: Path | None = None) -> tuple[Source, Path]:
-    """The :class:`Source` a user named and the folder its dataset goes to (``out``, else ``data/<name>``).
+               max_tokens: int = 0, eval_fraction: float = 0.1, out: Path | None = None,
+               tokenizer: str = "gpt2") -> tuple[Source, Path]:
+    """The :class:`Source` a user named and the folder its dataset goes to (``out``, else ``data/<name>``,
+    ``data/<name>-bytes`` for the bytes tokenizer).
 
     Files given without a source mean ``files``. Bad combinations are one clear line.
     """
@@ -83,9 +88,10 @@ def source_for(name: str, data_files: list[str] | None = None, config: str = cor
         raise AttnresError("--eval-fraction must be between 0 and 1")
     if max_tokens < 0:
         raise AttnresError("--max-tokens must be 0 (no cap) or more")
+    check_tokenizer(tokenizer)
     src = Source(kind=SOURCE_NAMES[name], files=list(data_files or []), config=config, max_tokens=max_tokens,
-                 eval_fraction=eval_fraction)
-    target = Path(out) if out is not None else paths.dataset(name)
+                 eval_fraction=eval_fraction, tokenizer=tokenizer)
+    target = Path(out) if out is not None else paths.dataset(name if tokenizer == "gpt2" else f"{name}-{tokenizer}")
     _check_target(target)
     return src, target
 
@@ -130,9 +136,10 @@ def read_manifest(path: Path) -> dict:
 
 
 def _fresh_manifest(source: Source) -> dict:
+    name, eot, vocab = TOKENIZERS[source.tokenizer]
     return {
-        "version": 1, "source": source.identity(), "tokenizer": ENCODING, "eot": EOT,
-        "vocab_size": VOCAB, "dtype": "uint16", "complete": False, "docs_done": 0,
+        "version": 1, "source": source.identity(), "tokenizer": name, "eot": eot,
+        "vocab_size": vocab, "dtype": "uint16", "complete": False, "docs_done": 0,
         "splits": {s: {"shards": [], "tokens": 0, "documents": 0} for s in SPLITS},
     }
 
@@ -172,10 +179,15 @@ def _pool_encode(texts: list[str]) -> list[np.ndarray]:
     return _encode_docs(_POOL_ENCODER, texts, None)
 
 
-def _encoded(batches: Iterator[list[corpus.Document]], threads: int,
-             workers: int) -> Iterator[tuple[list[corpus.Document], list[np.ndarray]]]:
+def _encoded(batches: Iterator[list[corpus.Document]], threads: int, workers: int,
+             tokenizer: str = "gpt2") -> Iterator[tuple[list[corpus.Document], list[np.ndarray]]]:
     """Batches with their token arrays, in the source's order whatever the parallelism: threads in this
-    process (``workers`` 1), or ``workers`` processes over batches, a few batches ahead of the writer."""
+    process (``workers`` 1), or ``workers`` processes over batches, a few batches ahead of the writer.
+    Bytes need no parallelism: they are a copy."""
+    if tokenizer == "bytes":
+        for batch in batches:
+            yield batch, [encode_bytes(d.text) for d in batch]
+        return
     enc = get_encoding()  # here first: a tokenizer that cannot load is one clear line, not a broken pool
     if workers <= 1:
         with ThreadPoolExecutor(threads) as pool:
@@ -254,7 +266,7 @@ def prepare(source: Source, out: Path, shard_tokens: int = 50_000_000, batch_doc
         manifest["complete"] = final
         _write_json_atomic(mpath, manifest)
 
-    for batch, encoded in _encoded(_batches(docs, batch_docs), threads, workers):
+    for batch, encoded in _encoded(_batches(docs, batch_docs), threads, workers, source.tokenizer):
         for doc, arr in zip(batch, encoded, strict=True):
             split = "eval" if corpus.is_eval(doc.id, source.eval_fraction) else "train"
             buffers[split].append(arr)
@@ -277,6 +289,10 @@ def prepare(source: Source, out: Path, shard_tokens: int = 50_000_000, batch_doc
     return Summary(out, done, tokens, time.perf_counter() - t0, skipped=False)
 
 
-def ensure_builtin() -> Path:
-    """Prepare the built-in corpus once; later calls return at once."""
-    return prepare(Source(kind="builtin"), paths.dataset("builtin")).path
+#: the built-in corpus under each tokenizer: names a run's ``data`` may take without a prepare
+BUILTIN = {"builtin": "gpt2", "builtin-bytes": "bytes"}
+
+
+def ensure_builtin(name: str = "builtin") -> Path:
+    """Prepare the built-in corpus (``name``: a key of BUILTIN) once; later calls return at once."""
+    return prepare(Source(kind="builtin", tokenizer=BUILTIN[name]), paths.dataset(name)).path

@@ -1,4 +1,9 @@
-"""GPT-2 BPE through tiktoken, with a bounded wait and a clear error when it cannot load.
+"""The tokenizers a dataset can be prepared with: GPT-2 BPE (the default), or raw UTF-8 bytes.
+
+``bytes`` is nanoGPT's character-level idea for a quick start: a vocabulary of 257 (every byte and
+an end-of-text token), no download, and a CPU step that the output layer no longer dominates
+(``--set vocab_size=320`` for the model). Results on it are not comparable with GPT-2 runs: the
+dataset's name says which it is.
 
 tiktoken downloads its rank file on first use and caches it (``TIKTOKEN_CACHE_DIR``). Its
 download has no timeout, so we run the load in a daemon thread and give up after
@@ -11,6 +16,7 @@ import functools
 import os
 import threading
 
+import numpy as np
 import tiktoken
 
 from attnres.errors import AttnresError
@@ -18,6 +24,24 @@ from attnres.errors import AttnresError
 ENCODING = "r50k_base"  # GPT-2's ranks and pattern; loads from a cache as "gpt2" does not
 EOT = 50256
 VOCAB = 50257
+
+#: ``attnres data prepare --tokenizer``: name -> (the manifest's tokenizer, end-of-text id, vocabulary)
+TOKENIZERS = {"gpt2": (ENCODING, EOT, VOCAB), "bytes": ("utf-8 bytes", 256, 257)}
+
+
+def check_tokenizer(name: str) -> str:
+    if name not in TOKENIZERS:
+        raise AttnresError(f"unknown tokenizer '{name}'; choose {', '.join(TOKENIZERS)}")
+    return name
+
+
+def encode_bytes(text: str) -> np.ndarray:
+    """A text as its UTF-8 bytes, led by the end-of-text token 256 (a lone surrogate becomes '?')."""
+    raw = np.frombuffer(text.encode("utf-8", "replace"), dtype=np.uint8)
+    arr = np.empty(len(raw) + 1, dtype=np.uint16)
+    arr[0] = TOKENIZERS["bytes"][1]
+    arr[1:] = raw
+    return arr
 
 
 @functools.cache

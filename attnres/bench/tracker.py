@@ -75,7 +75,7 @@ def _ingest_raw(tmp: Path, steps: int) -> float:
     return raw_sqlite_insert_s(tmp / "raw.db", KEYS, payload)
 
 
-def bench_ingest(tmp: Path, steps: int, repeat: int = 3) -> dict[str, float]:
+def bench_ingest(tmp: Path, steps: int, repeat: int = 5) -> dict[str, float]:
     """Rows/s from the writer's hand-over until the database holds them, beside raw sqlite3's executemany:
     the best of ``repeat`` alternating tries each, each on fresh files (a shared machine's noise is one-sided)."""
     ours = raw = float("inf")

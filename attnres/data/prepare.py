@@ -14,6 +14,7 @@ Re-running a complete prepare with the same parameters is a no-op.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import multiprocessing
@@ -152,21 +153,18 @@ def _batches(docs: Iterator[corpus.Document], size: int) -> Iterator[list[corpus
 _POOL_ENCODER: tiktoken.Encoding | None = None  # a worker process's encoding, loaded once
 
 
-def _encode_docs(enc: tiktoken.Encoding, texts: list[str], pool: ThreadPoolExecutor | None) -> list[np.ndarray]:
-    """Each text as a uint16 array led by <|endoftext|>: tiktoken's ``encode_to_numpy`` (what
-    ``encode_ordinary`` gives, as an array: no Python int per token), on ``pool``'s threads."""
-    def one(text: str) -> np.ndarray:
-        try:
-            ids = enc.encode_to_numpy(text, disallowed_special=())
-        except UnicodeEncodeError:  # a lone surrogate: replaced, as encode_ordinary does
-            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-            ids = enc.encode_to_numpy(text, disallowed_special=())
-        arr = np.empty(len(ids) + 1, dtype=np.uint16)
-        arr[0] = EOT
-        arr[1:] = ids
-        return arr
-
-    return list(pool.map(one, texts)) if pool is not None else [one(t) for t in texts]
+def _encode_one(enc: tiktoken.Encoding, text: str) -> np.ndarray:
+    """A text as a uint16 array led by <|endoftext|>: tiktoken's ``encode_to_numpy`` (what
+    ``encode_ordinary`` gives, as an array: no Python int per token; tiktoken releases the GIL)."""
+    try:
+        ids = enc.encode_to_numpy(text, disallowed_special=())
+    except UnicodeEncodeError:  # a lone surrogate: replaced, as encode_ordinary does
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        ids = enc.encode_to_numpy(text, disallowed_special=())
+    arr = np.empty(len(ids) + 1, dtype=np.uint16)
+    arr[0] = EOT
+    arr[1:] = ids
+    return arr
 
 
 def _pool_start() -> None:
@@ -176,7 +174,7 @@ def _pool_start() -> None:
 
 def _pool_encode(texts: list[str]) -> list[np.ndarray]:
     """A worker process's batch (its own encoding, one thread: the processes are the parallelism)."""
-    return _encode_docs(_POOL_ENCODER, texts, None)
+    return [_encode_one(_POOL_ENCODER, t) for t in texts]
 
 
 def _encoded(batches: Iterator[list[corpus.Document]], threads: int, workers: int,
@@ -189,10 +187,22 @@ def _encoded(batches: Iterator[list[corpus.Document]], threads: int, workers: in
             yield batch, [encode_bytes(d.text) for d in batch]
         return
     enc = get_encoding()  # here first: a tokenizer that cannot load is one clear line, not a broken pool
-    if workers <= 1:
-        with ThreadPoolExecutor(threads) as pool:
+    if workers <= 1 and threads <= 1:
+        for batch in batches:
+            yield batch, [_encode_one(enc, d.text) for d in batch]
+        return
+    if workers <= 1:  # the pool encodes the next batches while this thread reads documents and writes shards
+        one = functools.partial(_encode_one, enc)
+        with ThreadPoolExecutor(threads) as threads_pool:
+            queued: deque = deque()
             for batch in batches:
-                yield batch, _encode_docs(enc, [d.text for d in batch], pool if threads > 1 else None)
+                queued.append((batch, threads_pool.map(one, [d.text for d in batch])))
+                if len(queued) > 2:
+                    done, arrays = queued.popleft()
+                    yield done, list(arrays)
+            while queued:
+                done, arrays = queued.popleft()
+                yield done, list(arrays)
         return
     ctx = multiprocessing.get_context("spawn")  # (no fork of a process that may hold threads)
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_pool_start) as pool:

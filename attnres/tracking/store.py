@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
-from itertools import chain, repeat
 from pathlib import Path
 from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
@@ -160,12 +159,14 @@ def log_steps(engine: Engine, run_id: int, entries: Sequence[tuple[int, dict[str
     The writer's hot path: one pass from its entries to the driver's tuples (``attnres bench tracker``
     measures it beside raw sqlite3). Batches with depth-map keys take :func:`log_metrics`.
     """
-    keys = set().union(*(values.keys() for _, values in entries)) if entries else set()
+    keys: set[str] = set()
+    for _, values in entries:
+        keys.update(values)
     if depth_maps.any_keys(keys):
         return log_metrics(engine, run_id, [(st, k, v) for st, values in entries for k, v in values.items()])
-    def payload(ids: dict[str, int]) -> Iterable[tuple]:  # tuples made in C, a Python step per logged step
-        return chain.from_iterable(zip(repeat(run_id), map(ids.__getitem__, values), repeat(int(st)),
-                                       map(float, values.values())) for st, values in entries)
+
+    def payload(ids: dict[str, int]) -> Iterable[tuple]:  # made as the driver binds them, never all held at once
+        return ((run_id, ids[k], int(st), float(v)) for st, values in entries for k, v in values.items())
 
     _insert(engine, run_id, keys, payload, [])
     return sum(len(values) for _, values in entries)

@@ -63,6 +63,7 @@ CONF
   mkdir -p /run/munge && chown munge:munge /run/munge && chmod 0755 /run/munge
   # daemons must not hold this script's stdout: the caller reads it through $(...)
   pgrep -x munged >/dev/null || runuser -u munge -- /usr/sbin/munged </dev/null >/dev/null 2>&1
+  for _ in $(seq 100); do [ -S /run/munge/munge.socket.2 ] && break; sleep 0.1; done
   export SLURM_CONF=$BASE/slurm/slurm.conf
   /usr/sbin/slurmctld -f "$SLURM_CONF" </dev/null >/dev/null 2>&1
   /usr/sbin/slurmd -f "$SLURM_CONF" -N localhost </dev/null >/dev/null 2>&1
@@ -78,7 +79,11 @@ stop() {
   for p in slurmd slurmctld; do
     [ -f "$BASE/slurm/run/$p.pid" ] && kill "$(cat "$BASE/slurm/run/$p.pid")" 2>/dev/null || true
   done
-  [ -f /run/munge/munged.pid ] && kill "$(cat /run/munge/munged.pid)" 2>/dev/null || true
+  if [ -f /run/munge/munged.pid ]; then  # and wait for it to go: a start right after must not find it exiting
+    local mp; mp=$(cat /run/munge/munged.pid)
+    kill "$mp" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$mp" 2>/dev/null || break; sleep 0.1; done
+  fi
   pkill -f "$BASE/slurm/slurm.conf" 2>/dev/null || true  # daemons whose pid files are gone
   rm -rf "$BASE"
 }

@@ -25,3 +25,4 @@ DbOpt = Annotated[str | None, typer.Option("--db", help="SQLAlchemy URL or SQLit
 ExperimentOpt = Annotated[str | None, typer.Option("--experiment", help="only runs of this experiment")]
 PresetOpt = Annotated[str | None, typer.Option("--preset", help="only runs of this preset")]
 BudgetOpt = Annotated[int | None, typer.Option("--budget", min=1, help="only runs of this many training steps")]
+DataOpt = Annotated[str | None, typer.Option("--data", help="only runs on this prepared dataset")]

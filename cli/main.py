@@ -15,7 +15,7 @@ from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from attnres.errors import AttnresError
-from cli.app import BudgetOpt, DbOpt, ExperimentOpt, PresetOpt, app, console, err
+from cli.app import BudgetOpt, DataOpt, DbOpt, ExperimentOpt, PresetOpt, app, console, err
 
 if TYPE_CHECKING:
     from attnres.backends import Submitted
@@ -312,6 +312,7 @@ def report(
     experiment: ExperimentOpt = None,
     preset: PresetOpt = None,
     budget: BudgetOpt = None,
+    data: DataOpt = None,
     db: DbOpt = None,
 ) -> None:
     """Write the results document of one experiment (default: the latest) from the database."""
@@ -319,7 +320,8 @@ def report(
     from attnres.variants import canonical
     from reports.build import write_report
 
-    write_report(get_engine(db, create=False), out, canonical(baseline), step, plots, experiment, preset, budget)
+    write_report(get_engine(db, create=False), out, canonical(baseline), step, plots, experiment, preset, budget,
+                 data)
     console.print(f"wrote {out}")
 
 
@@ -333,13 +335,14 @@ def compare(
     experiment: ExperimentOpt = None,
     preset: PresetOpt = None,
     budget: BudgetOpt = None,
+    data: DataOpt = None,
     db: DbOpt = None,
 ) -> None:
     """Compare variants side by side: aligned eval losses, seed statistics, config, cost."""
     from attnres.tracking.db import get_engine
     from reports.build import compare as run_compare
 
-    result = run_compare(get_engine(db, create=False), variant, step, plot, experiment, preset, budget)
+    result = run_compare(get_engine(db, create=False), variant, step, plot, experiment, preset, budget, data)
     console.print(f"{result.scope.label()}")
     _print_frame(result.aligned, "Eval loss at common steps (seed mean)", ".4f")
     _print_frame(result.stats, f"Statistics over seeds at step {result.step} (Welch and paired t vs "

@@ -68,19 +68,19 @@ def provenance(engine: Engine, runs: pd.DataFrame, today: dt.date | None = None)
 
 
 def _scoped(engine: Engine, experiment: str | None, preset: str | None, budget: int | None,
-            baseline: str | None = None) -> tuple[pd.DataFrame, Scope, list[Scope]]:
+            baseline: str | None = None, data: str | None = None) -> tuple[pd.DataFrame, Scope, list[Scope]]:
     try:
-        return select(run_table(engine), experiment, preset, budget, baseline)
+        return select(run_table(engine), experiment, preset, budget, baseline, data)
     except ReportError as exc:
         raise AttnresError(str(exc)) from None
 
 
 def write_report(engine: Engine, out: Path, baseline: str = "standard", step: int | None = None,
                  plots: bool = True, experiment: str | None = None, preset: str | None = None,
-                 budget: int | None = None) -> str:
+                 budget: int | None = None, data: str | None = None) -> str:
     """Build the document of one scope from the database; write it (and PNGs under ``reports/`` beside it)."""
     _writable(out)
-    runs, scope, others = _scoped(engine, experiment, preset, budget, baseline)
+    runs, scope, others = _scoped(engine, experiment, preset, budget, baseline, data)
     res = load_results(engine, step=step, runs=runs)
     notes = []
     if len(res.superseded):
@@ -136,7 +136,8 @@ class Comparison:
 
 
 def compare(engine: Engine, variants: list[str], step: int | None = None, plot: Path | None = None,
-            experiment: str | None = None, preset: str | None = None, budget: int | None = None) -> Comparison:
+            experiment: str | None = None, preset: str | None = None, budget: int | None = None,
+            data: str | None = None) -> Comparison:
     """Compare variants side by side within one scope; optionally save their Δ curves to ``plot``."""
     names = [canonical(v) for v in variants]
     if len(set(names)) < 2:
@@ -148,7 +149,7 @@ def compare(engine: Engine, variants: list[str], step: int | None = None, plot: 
     if mine.empty:
         raise AttnresError(f"no runs of {', '.join(names)}")
     try:
-        runs, scope, _ = select(mine, experiment, preset, budget)
+        runs, scope, _ = select(mine, experiment, preset, budget, data=data)
         res = load_results(engine, names, step=step, runs=runs)
         res.runs = res.runs.sort_values("id").drop_duplicates(["variant", "seed"], keep="last")  # a rerun replaces
         res.evals = res.evals[res.evals["run_id"].isin(res.runs["id"])]

@@ -1,10 +1,11 @@
-"""What one document compares: a scope (experiment, preset, step budget), and for each comparison
-group the step it is compared at. Pure functions of the run and evals tables.
+"""What one document compares: a scope (experiment, preset, step budget, dataset), and for each
+comparison group the step it is compared at. Pure functions of the run and evals tables.
 
-A table never mixes experiments, presets or step budgets: a document covers one scope, and names
-the others the database holds. Within it, each comparison group (the shallow variants; the deep
-variants with the shallow baseline) is compared at its final step when its runs finished, else at
-the latest step its compared variants have all reached, labelled partial.
+A table never mixes experiments, presets, step budgets or datasets (a loss per GPT-2 token and one per
+byte are different numbers): a document covers one scope, and names the others the database holds.
+Within it, each comparison group (the shallow variants; the deep variants with the shallow baseline)
+is compared at its final step when its runs finished, else at the latest step its compared variants
+have all reached, labelled partial.
 """
 
 from __future__ import annotations
@@ -17,36 +18,61 @@ import pandas as pd
 from attnres.tracking.states import EARLY, FINISHED
 from reports.stats import ReportError, finite
 
+DEFAULT_DATA = "builtin"  # a run's dataset when none was named (not spelled out in labels)
+KEYS = ["experiment", "preset", "budget", "data"]
+
 
 @dataclass(frozen=True)
 class Scope:
     experiment: str
     preset: str
     budget: int  # the runs' step budget (total_steps)
+    data: str = DEFAULT_DATA  # the prepared dataset the runs trained on
 
     def flags(self) -> str:
         """The report flags that select this scope."""
-        return f"--experiment {self.experiment} --preset {self.preset} --budget {self.budget}"
+        data = f" --data {self.data}" if self.data != DEFAULT_DATA else ""
+        return f"--experiment {self.experiment} --preset {self.preset} --budget {self.budget}{data}"
 
     def label(self) -> str:
-        return f"experiment {self.experiment}, preset {self.preset}, {self.budget:,} steps"
+        data = f", data {self.data}" if self.data != DEFAULT_DATA else ""
+        return f"experiment {self.experiment}, preset {self.preset}, {self.budget:,} steps{data}"
+
+
+def _keyed(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs with their scope's columns: budget, and data (an imported run's dataset is not known, only
+    the file it came from, so it keeps the default: importing in two files does not split a grid)."""
+    if "data" in runs:
+        data = runs["data"].fillna(DEFAULT_DATA)
+        data = data.where(~data.astype(str).str.startswith("imported:"), DEFAULT_DATA)
+    else:
+        data = DEFAULT_DATA
+    return runs.assign(budget=runs["total_steps"].astype(int), data=data)
 
 
 def scopes(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per scope in the runs: experiment, preset, budget, runs, latest (largest run id)."""
+    """One row per scope in the runs: experiment, preset, budget, data, runs, latest (largest run id)."""
     if runs.empty:
-        return pd.DataFrame(columns=["experiment", "preset", "budget", "runs", "latest"])
-    g = runs.assign(budget=runs["total_steps"].astype(int)).groupby(["experiment", "preset", "budget"])
+        return pd.DataFrame(columns=[*KEYS, "runs", "latest"])
+    g = _keyed(runs).groupby(KEYS)
     return g["id"].agg(runs="count", latest="max").reset_index().sort_values("latest", ascending=False,
                                                                             ignore_index=True)
 
 
+def _scope(row: object) -> Scope:
+    return Scope(str(row.experiment), str(row.preset), int(row.budget), str(row.data))
+
+
 def select(runs: pd.DataFrame, experiment: str | None = None, preset: str | None = None,
-           budget: int | None = None, baseline: str | None = None) -> tuple[pd.DataFrame, Scope, list[Scope]]:
+           budget: int | None = None, baseline: str | None = None,
+           data: str | None = None) -> tuple[pd.DataFrame, Scope, list[Scope]]:
     """The runs of one scope (the filters', else the one with the most recent run), the scope, and
     every other scope of ``runs``, latest first. With ``baseline``, the newest scope that has runs of it
     is preferred (a lone variant launched last does not make the default report impossible)."""
+    runs = _keyed(runs)
     picked = runs
+    if data is not None:
+        picked = picked[picked["data"] == data]
     if experiment is not None:
         picked = picked[picked["experiment"] == experiment]
     if preset is not None:
@@ -55,21 +81,19 @@ def select(runs: pd.DataFrame, experiment: str | None = None, preset: str | None
         picked = picked[picked["total_steps"] == budget]
     if picked.empty:
         asked = " and ".join(f"--{k} {v}" for k, v in (("experiment", experiment), ("preset", preset),
-                                                       ("budget", budget)) if v is not None)
+                                                       ("budget", budget), ("data", data)) if v is not None)
         raise ReportError(f"no runs match {asked}" if asked else "no runs in the database: launch some first "
                           "(attnres launch ...)")
     found = scopes(picked)
     if baseline is not None:
-        has = scopes(picked[picked["variant"] == baseline])[["experiment", "preset", "budget"]]
-        with_base = found.merge(has, on=["experiment", "preset", "budget"])
+        has = scopes(picked[picked["variant"] == baseline])[KEYS]
+        with_base = found.merge(has, on=KEYS)
         found = with_base if len(with_base) else found
-    first = found.iloc[0]
-    scope = Scope(str(first["experiment"]), str(first["preset"]), int(first["budget"]))
-    others = [s for r in scopes(runs).itertuples()
-              if (s := Scope(str(r.experiment), str(r.preset), int(r.budget))) != scope]
+    scope = _scope(next(found.itertuples()))
+    others = [s for r in scopes(runs).itertuples() if (s := _scope(r)) != scope]
     inside = picked[(picked["experiment"] == scope.experiment) & (picked["preset"] == scope.preset)
-                    & (picked["total_steps"] == scope.budget)]
-    return inside, scope, others
+                    & (picked["budget"] == scope.budget) & (picked["data"] == scope.data)]
+    return inside.drop(columns="budget"), scope, others
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import sys
 
 import pytest
 from conftest import attnres
@@ -61,15 +62,37 @@ def recorded(workdir):
     return workdir / "runs.db"
 
 
+def in_process(args: list[str], capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
+    """The CLI's entry point called here (no interpreter start per case): its exit code and stderr."""
+    from cli.main import main
+
+    monkeypatch.setattr(sys, "argv", ["attnres", *args])
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit) as done:
+        main()
+    return done.value.code, capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args,names", CASES, ids=[" ".join(a) for a, _ in CASES])
-def test_bad_input_is_one_line_exit_2_and_changes_nothing(recorded, args, names):
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(recorded, args, names, capsys, monkeypatch):
+    before = sha(recorded)
+    code, stderr = in_process(args, capsys, monkeypatch)
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and names in lines[0], stderr
+    assert "Traceback" not in stderr
+    assert sha(recorded) == before and not (recorded.parent / "nothere.db").exists()
+
+
+@pytest.mark.parametrize("args,names", [CASES[0], CASES[6], CASES[19], CASES[24]], ids=lambda c: str(c))
+def test_bad_input_through_the_installed_command_too(recorded, args, names):
+    """A few of the cases as a user meets them: a new process, the real entry point."""
     before = sha(recorded)
     proc = attnres(*args)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and names in lines[0], proc.stderr
-    assert "Traceback" not in proc.stdout + proc.stderr
-    assert sha(recorded) == before and not (recorded.parent / "nothere.db").exists()
+    assert "Traceback" not in proc.stdout + proc.stderr and sha(recorded) == before
 
 
 def test_status_in_an_empty_folder_is_an_empty_listing_not_an_error(workdir):

@@ -273,7 +273,7 @@ def test_depth_maps_are_recorded_drawn_and_named(workdir):
     assert set(got.loc[got["site"] == 7, "source"]) == {"embedding", "block 1", "block 2", "partial"}
     attnres("report", "--out", "r.md", check=True)
     text = (workdir / "r.md").read_text()
-    assert "Scope: experiment maps-1, preset tiny, 10 steps." in text
+    assert "Scope: experiment maps-1, preset tiny, 10 steps, data builtin-bytes." in text
     assert "## Depth-Attention Maps" in text and "strongest long skips: " in text and "← block 1" in text
     assert "weight on the embedding: mean" in text and (workdir / "reports" / "depth_maps.png").exists()
     out = attnres("inspect", "1", "--step", "5", "--out", "m.png", check=True).stdout
@@ -331,3 +331,19 @@ def test_depth_weights_that_are_not_numbers_are_dropped_not_fatal():
     rows = [(5, "depth:1:block 1", float("nan")), (5, "depth:1:embedding", 1.0), (5, "eval_loss", 3.0)]
     metrics, weights = split(rows)
     assert metrics == [(5, "eval_loss", 3.0)] and [w["source"] for w in weights] == ["embedding"]
+
+
+def test_runs_on_another_dataset_are_another_scope_never_mixed_in():
+    """A loss per byte and a loss per GPT-2 token are different numbers: same experiment, preset and budget
+    on two datasets are two scopes; the newest is the default and the other is named with its flags."""
+    runs_, _ = frames([("standard", 1, "finished", 1000, {}), ("control_block", 1, "finished", 1000, {})])
+    runs_ = runs_.assign(data="builtin")
+    on_bytes = runs_.assign(id=runs_["id"] + 10, data="builtin-bytes")
+    scoped, scope, others = select(pd.concat([runs_, on_bytes]))
+    assert set(scoped["id"]) == {11, 12} and scope.data == "builtin-bytes"
+    assert scope.label() == "experiment e, preset p, 1,000 steps, data builtin-bytes"
+    assert [o.flags() for o in others] == ["--experiment e --preset p --budget 1000"]  # the default data unsaid
+    scoped, scope, _ = select(pd.concat([runs_, on_bytes]), data="builtin")
+    assert set(scoped["id"]) == {1, 2} and scope.label() == "experiment e, preset p, 1,000 steps"
+    with pytest.raises(ReportError, match="no runs match --data fineweb-edu"):
+        select(runs_, data="fineweb-edu")

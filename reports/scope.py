@@ -19,7 +19,7 @@ from attnres.tracking.states import EARLY, FINISHED
 from reports.stats import ReportError, finite
 
 DEFAULT_DATA = "builtin"  # a run's dataset when none was named (not spelled out in labels)
-KEYS = ["experiment", "preset", "budget", "data"]
+KEYS = ["experiment", "preset", "budget", "dataset"]  # a scope's columns, as _keyed adds them
 
 
 @dataclass(frozen=True)
@@ -40,18 +40,18 @@ class Scope:
 
 
 def _keyed(runs: pd.DataFrame) -> pd.DataFrame:
-    """The runs with their scope's columns: budget, and data (an imported run's dataset is not known, only
-    the file it came from, so it keeps the default: importing in two files does not split a grid)."""
+    """The runs with their scope's own columns, budget and dataset (an imported run's dataset is not known,
+    only the file it came from, so it counts as the default: importing in two files does not split a grid)."""
     if "data" in runs:
         data = runs["data"].fillna(DEFAULT_DATA)
         data = data.where(~data.astype(str).str.startswith("imported:"), DEFAULT_DATA)
     else:
         data = DEFAULT_DATA
-    return runs.assign(budget=runs["total_steps"].astype(int), data=data)
+    return runs.assign(budget=runs["total_steps"].astype(int), dataset=data)
 
 
 def scopes(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per scope in the runs: experiment, preset, budget, data, runs, latest (largest run id)."""
+    """One row per scope in the runs: experiment, preset, budget, dataset, runs, latest (largest run id)."""
     if runs.empty:
         return pd.DataFrame(columns=[*KEYS, "runs", "latest"])
     g = _keyed(runs).groupby(KEYS)
@@ -60,7 +60,7 @@ def scopes(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _scope(row: object) -> Scope:
-    return Scope(str(row.experiment), str(row.preset), int(row.budget), str(row.data))
+    return Scope(str(row.experiment), str(row.preset), int(row.budget), str(row.dataset))
 
 
 def select(runs: pd.DataFrame, experiment: str | None = None, preset: str | None = None,
@@ -72,7 +72,7 @@ def select(runs: pd.DataFrame, experiment: str | None = None, preset: str | None
     runs = _keyed(runs)
     picked = runs
     if data is not None:
-        picked = picked[picked["data"] == data]
+        picked = picked[picked["dataset"] == data]
     if experiment is not None:
         picked = picked[picked["experiment"] == experiment]
     if preset is not None:
@@ -92,8 +92,8 @@ def select(runs: pd.DataFrame, experiment: str | None = None, preset: str | None
     scope = _scope(next(found.itertuples()))
     others = [s for r in scopes(runs).itertuples() if (s := _scope(r)) != scope]
     inside = picked[(picked["experiment"] == scope.experiment) & (picked["preset"] == scope.preset)
-                    & (picked["budget"] == scope.budget) & (picked["data"] == scope.data)]
-    return inside.drop(columns="budget"), scope, others
+                    & (picked["budget"] == scope.budget) & (picked["dataset"] == scope.data)]
+    return inside.drop(columns=["budget", "dataset"]), scope, others
 
 
 @dataclass

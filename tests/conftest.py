@@ -31,7 +31,8 @@ FAST_GPT2 = ["--set", "batch_size=4", "--set", "eval_batches=2", "--set", "eval_
              "--set", "n_head=2", "--set", "seq_len=32"]
 # The same on the built-in corpus as UTF-8 bytes (257 ids): a step is then the layers', not a 50257-wide
 # output layer's, several times faster.
-FAST = [*FAST_GPT2, "--data", "builtin-bytes", "--set", "vocab_size=320"]
+BYTES = ["--data", "builtin-bytes", "--set", "vocab_size=320"]
+FAST = [*FAST_GPT2, *BYTES]
 # Steps of a run that a test ends by a kill or a signal: it cannot finish first, however fast the machine.
 LONG = "100000"
 

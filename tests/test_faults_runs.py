@@ -15,10 +15,12 @@ import time
 
 import pytest
 from conftest import (
+    BYTES,
     ISSUE_MID,
     ISSUE_ROWS,
     ISSUE_RUN,
     ISSUE_STEPS,
+    LONG,
     attnres,
     issue_run,
     metric_rows,
@@ -156,8 +158,8 @@ def test_a_cut_checkpoint_falls_back_to_the_previous_one(workdir):
 
 def test_restart_sets_a_killed_runs_checkpoints_aside_and_starts_it_over(workdir):
     # The run is too long to finish, so the kill always finds it going however fast the machine.
-    attnres("launch", "standard", "--seeds", "2", *issue_run(100_000), "--data", "builtin-bytes", "--set",
-            "vocab_size=320", "--set", "checkpoint_every=2", "--detach", check=True)
+    attnres("launch", "standard", "--seeds", "2", *issue_run(int(LONG)), *BYTES, "--set", "checkpoint_every=2",
+            "--detach", check=True)
     wait_for(lambda: runs(workdir) and runs(workdir)[0]["step"] >= 5)
     attnres("kill", "1", check=True)
     with sqlite3.connect(workdir / "runs.db") as conn:  # a row the restarted run cannot have written yet

@@ -22,7 +22,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -32,7 +32,7 @@ import tiktoken
 
 from attnres import paths
 from attnres.data import corpus
-from attnres.data.tokenizer import EOT, TOKENIZERS, check_tokenizer, encode_bytes, get_encoding
+from attnres.data.tokenizer import EOT, TOKENIZERS, check_tokenizer, encode_bytes, get_encoding, led_by
 from attnres.errors import AttnresError
 
 MANIFEST = "manifest.json"
@@ -161,10 +161,11 @@ def _encode_one(enc: tiktoken.Encoding, text: str) -> np.ndarray:
     except UnicodeEncodeError:  # a lone surrogate: replaced, as encode_ordinary does
         text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         ids = enc.encode_to_numpy(text, disallowed_special=())
-    arr = np.empty(len(ids) + 1, dtype=np.uint16)
-    arr[0] = EOT
-    arr[1:] = ids
-    return arr
+    return led_by(EOT, ids)
+
+
+def _encode_texts(enc: tiktoken.Encoding, texts: list[str]) -> list[np.ndarray]:
+    return [_encode_one(enc, t) for t in texts]
 
 
 def _pool_start() -> None:
@@ -174,7 +175,7 @@ def _pool_start() -> None:
 
 def _pool_encode(texts: list[str]) -> list[np.ndarray]:
     """A worker process's batch (its own encoding, one thread: the processes are the parallelism)."""
-    return [_encode_one(_POOL_ENCODER, t) for t in texts]
+    return _encode_texts(_POOL_ENCODER, texts)
 
 
 def _encoded(batches: Iterator[list[corpus.Document]], threads: int, workers: int,
@@ -189,27 +190,19 @@ def _encoded(batches: Iterator[list[corpus.Document]], threads: int, workers: in
     enc = get_encoding()  # here first: a tokenizer that cannot load is one clear line, not a broken pool
     if workers <= 1 and threads <= 1:
         for batch in batches:
-            yield batch, [_encode_one(enc, d.text) for d in batch]
+            yield batch, _encode_texts(enc, [d.text for d in batch])
         return
-    if workers <= 1:  # the pool encodes the next batches while this thread reads documents and writes shards
-        one = functools.partial(_encode_one, enc)
-        with ThreadPoolExecutor(threads) as threads_pool:
-            queued: deque = deque()
-            for batch in batches:
-                queued.append((batch, threads_pool.map(one, [d.text for d in batch])))
-                if len(queued) > 2:
-                    done, arrays = queued.popleft()
-                    yield done, list(arrays)
-            while queued:
-                done, arrays = queued.popleft()
-                yield done, list(arrays)
-        return
-    ctx = multiprocessing.get_context("spawn")  # (no fork of a process that may hold threads)
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_pool_start) as pool:
+    if workers > 1:  # processes over batches, each with its own encoding
+        ctx = multiprocessing.get_context("spawn")  # (no fork of a process that may hold threads)
+        pool: Executor = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_pool_start)
+        encode, width = _pool_encode, workers
+    else:  # threads over batches (tiktoken releases the GIL)
+        pool, encode, width = ThreadPoolExecutor(threads), functools.partial(_encode_texts, enc), threads
+    with pool:  # the next batches are encoded while this thread reads documents and writes shards
         ahead: deque = deque()
         for batch in batches:
-            ahead.append((batch, pool.submit(_pool_encode, [d.text for d in batch])))
-            if len(ahead) > 2 * workers:
+            ahead.append((batch, pool.submit(encode, [d.text for d in batch])))
+            if len(ahead) > 2 * width:
                 done, future = ahead.popleft()
                 yield done, future.result()
         while ahead:

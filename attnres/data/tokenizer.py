@@ -35,13 +35,17 @@ def check_tokenizer(name: str) -> str:
     return name
 
 
+def led_by(eot: int, ids: np.ndarray) -> np.ndarray:
+    """A document's token ids as a shard stores them: uint16, after the end-of-text token ``eot``."""
+    arr = np.empty(len(ids) + 1, dtype=np.uint16)
+    arr[0] = eot
+    arr[1:] = ids
+    return arr
+
+
 def encode_bytes(text: str) -> np.ndarray:
     """A text as its UTF-8 bytes, led by the end-of-text token 256 (a lone surrogate becomes '?')."""
-    raw = np.frombuffer(text.encode("utf-8", "replace"), dtype=np.uint8)
-    arr = np.empty(len(raw) + 1, dtype=np.uint16)
-    arr[0] = TOKENIZERS["bytes"][1]
-    arr[1:] = raw
-    return arr
+    return led_by(TOKENIZERS["bytes"][1], np.frombuffer(text.encode("utf-8", "replace"), dtype=np.uint8))
 
 
 @functools.cache

@@ -10,6 +10,7 @@ component cannot land in a group by accident.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch is imported where a model is at hand: `attnres variants` prints RULE without it
@@ -68,14 +69,52 @@ def decay_groups(model: nn.Module) -> dict[bool, list[str]]:
     return groups
 
 
+#: the Optimizer methods torch guards with ``torch._disable_dynamo`` (a bookkeeping call, not a step)
+_GUARDED = ("add_param_group", "zero_grad", "state_dict", "load_state_dict")
+
+
+@functools.cache
+def eager_adamw() -> type[torch.optim.AdamW]:
+    """torch's AdamW, doing the same arithmetic, without importing torch._dynamo when nothing is compiled.
+
+    torch.optim guards its bookkeeping methods with ``torch._disable_dynamo`` and ``step`` with two
+    ``torch._dynamo.graph_break()`` calls, so the first call of any of them imports torch._dynamo: 1.7-1.9 s
+    of every trainer's start on a 2-core CPU, as long as importing torch itself, for guards that act
+    only while dynamo traces the optimizer. An eager run never does, so this subclass calls the
+    methods that torch's decorators wrap (``__wrapped__``, kept by ``functools.wraps``) and keeps the
+    step's one effect outside tracing: gradients off unless the optimizer is differentiable. Should a
+    torch release stop exposing a wrapped method, the plain AdamW is returned: slower to start, never
+    different. ``tests/test_optim.py`` checks both give identical weights and that a step imports no dynamo.
+    """
+    import torch
+
+    base = torch.optim.AdamW
+    methods = {name: getattr(getattr(torch.optim.Optimizer, name), "__wrapped__", None) for name in _GUARDED}
+    step = getattr(base.step, "__wrapped__", None)
+    if step is None or None in methods.values():
+        return base
+
+    def eager_step(self: torch.optim.AdamW, closure=None):  # noqa: ANN001, ANN202 - torch's signature
+        with torch.set_grad_enabled(self.defaults["differentiable"]):
+            return step(self, closure)
+
+    eager_step.__doc__ = base.step.__doc__
+    return type("EagerAdamW", (base,), {**methods, "step": eager_step, "__doc__": base.__doc__})
+
+
 def build_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float],
-                    fused: bool = False) -> torch.optim.Optimizer:
-    """AdamW with two groups: decayed (weight_decay) and not (0), chosen by :func:`decay_groups`."""
+                    fused: bool = False, compiled: bool = False) -> torch.optim.Optimizer:
+    """AdamW with two groups: decayed (weight_decay) and not (0), chosen by :func:`decay_groups`.
+
+    ``compiled`` (the model goes through torch.compile) keeps torch's own class and its dynamo guards;
+    otherwise :func:`eager_adamw` saves a trainer the import of torch._dynamo.
+    """
     import torch
 
     params = dict(model.named_parameters())  # tied weights appear once, under their first name
     groups = decay_groups(model)
-    return torch.optim.AdamW(
+    adamw = torch.optim.AdamW if compiled else eager_adamw()
+    return adamw(
         [{"params": [params[n] for n in groups[True] if params[n].requires_grad], "weight_decay": weight_decay},
          {"params": [params[n] for n in groups[False] if params[n].requires_grad], "weight_decay": 0.0}],
         lr=lr, betas=betas, fused=fused)

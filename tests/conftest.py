@@ -150,6 +150,19 @@ def wait_for(predicate, timeout: float = 240, every: float = 0.1):
     raise AssertionError(f"timed out after {timeout} s waiting for {getattr(predicate, '__name__', 'a condition')}")
 
 
+def in_process(args: list[str], capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
+    """The CLI's entry point called in the test's process (no interpreter start, no imports again): its
+    exit code, stdout and stderr. For commands that start no trainer; :func:`attnres` runs the real command."""
+    from cli.main import main
+
+    monkeypatch.setattr(sys, "argv", ["attnres", *args])
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit) as done:
+        main()
+    captured = capsys.readouterr()
+    return done.value.code or 0, captured.out, captured.err
+
+
 def attnres(*args: str, check: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess, as a user would."""
     proc = subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True,

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-import sys
 
 import pytest
-from conftest import attnres
+from conftest import attnres, in_process
 
 from attnres.tracking import states, store
 from attnres.tracking.db import get_engine
@@ -62,21 +61,10 @@ def recorded(workdir):
     return workdir / "runs.db"
 
 
-def in_process(args: list[str], capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
-    """The CLI's entry point called here (no interpreter start per case): its exit code and stderr."""
-    from cli.main import main
-
-    monkeypatch.setattr(sys, "argv", ["attnres", *args])
-    monkeypatch.setenv("COLUMNS", "200")
-    with pytest.raises(SystemExit) as done:
-        main()
-    return done.value.code, capsys.readouterr().err
-
-
 @pytest.mark.parametrize("args,names", CASES, ids=[" ".join(a) for a, _ in CASES])
 def test_bad_input_is_one_line_exit_2_and_changes_nothing(recorded, args, names, capsys, monkeypatch):
     before = sha(recorded)
-    code, stderr = in_process(args, capsys, monkeypatch)
+    code, _, stderr = in_process(args, capsys, monkeypatch)
     assert code == 2, stderr
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and names in lines[0], stderr

@@ -10,7 +10,7 @@ from conftest import wait_for
 
 from attnres.errors import AttnresError
 from attnres.tracking import spool, states, store
-from attnres.tracking.db import get_engine
+from attnres.tracking.db import forget_engines, get_engine
 from attnres.tracking.writer import MetricWriter
 from attnres.variants import resolve_run
 
@@ -53,7 +53,7 @@ def test_a_locked_database_is_retried_and_loses_nothing(engine, tmp_path, monkey
     holder = sqlite3.connect(db, isolation_level=None, timeout=1)
     holder.execute("BEGIN EXCLUSIVE")  # another process holds the write lock
     monkeypatch.setenv("ATTNRES_DB_BUSY_TIMEOUT", "0.2")
-    get_engine.cache_clear()
+    forget_engines()
     locked = get_engine(str(db))
     writer = MetricWriter(locked, run, tmp_path / "run.spool.jsonl", interval=0.05)
     writer.transition(states.RUNNING)
@@ -67,7 +67,7 @@ def test_a_locked_database_is_retried_and_loses_nothing(engine, tmp_path, monkey
     assert writer.close(timeout=60)
     assert values(engine, run, "train_loss") == {s: float(s) for s in range(1, 101)}
     assert store.status_of(engine, run) == states.RUNNING
-    get_engine.cache_clear()
+    forget_engines()
 
 
 def test_a_late_end_from_the_trainer_never_undoes_a_kill(engine, tmp_path):
@@ -147,7 +147,7 @@ def test_a_spool_is_never_emptied_into_a_deleted_database_file(tmp_path):
         with pytest.raises(AttnresError, match=r"gone.*kept"):
             spool.ingest(engine, path)
     assert path.read_bytes() == before and not db.exists()
-    get_engine.cache_clear()
+    forget_engines()
 
 
 def test_garbled_lines_are_kept_aside_when_the_spool_is_emptied(engine, tmp_path):
@@ -212,3 +212,15 @@ def test_a_spool_cut_mid_line_by_a_kill_loses_only_that_line(engine, tmp_path):
     assert [(s, k) for s, k, _ in logs[run].metrics] == [(1, "a"), (2, "a")] and len(bad) == 1
     assert writer.close()
     assert values(engine, run, "a") == {1: 1.0, 2: 2.0}
+
+
+def test_the_default_database_is_resolved_at_each_call(tmp_path, monkeypatch):
+    """A long-lived process (a notebook, the tests) that changes $ATTNRES_DB or its folder gets the new
+    database's engine, never the first one's."""
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+        monkeypatch.delenv("ATTNRES_DB", raising=False)
+        store.create_run(get_engine(), resolve_run("standard", "tiny", 1 if name == "a" else 2))
+    seeds = {name: list(store.runs_frame(get_engine(str(tmp_path / name / "runs.db")))["seed"]) for name in "ab"}
+    assert seeds == {"a": [1], "b": [2]}

@@ -113,8 +113,10 @@ def bench_log_calls(tmp: Path, steps: int) -> dict[str, float]:
             "log_call_p99_us": calls[min(len(calls) - 1, int(0.99 * len(calls)))] / 1e3}
 
 
-def bench_report_time(tmp: Path, runs: int, steps: int, write_report: ReportWriter) -> dict[str, float]:
-    """Seconds for the whole document over a synthetic database (without, then with figures; best of two)."""
+def bench_report_time(tmp: Path, runs: int, steps: int, write_report: ReportWriter,
+                      repeat: int = 2) -> dict[str, float]:
+    """Seconds for the whole document over a synthetic database (without, then with figures; best of
+    ``repeat``)."""
     from attnres.bench.synthetic import synthetic_db
     from attnres.tracking.db import get_engine
 
@@ -127,8 +129,8 @@ def bench_report_time(tmp: Path, runs: int, steps: int, write_report: ReportWrit
         write_report(engine, tmp / "report.md", plots=plots)
         return time.perf_counter() - t0
 
-    plain = min(timed(False) for _ in range(2))  # the best of two: the first also imports scipy and warms caches
-    plots = min(timed(True) for _ in range(2))
+    plain = min(timed(False) for _ in range(repeat))  # the best: the first also imports scipy and warms caches
+    plots = min(timed(True) for _ in range(repeat))
     engine.dispose()
     return {"report_rows": n, "report_s": plain, "report_with_plots_s": plots}
 
@@ -153,36 +155,41 @@ def _wall(cmd: list[str], repeat: int = 3) -> float:
     return best
 
 
-def bench_status(tmp: Path, runs: int, steps: int) -> dict[str, float]:
-    """Whole-process seconds of ``attnres status`` over ``runs`` runs, beside ``attnres --help``."""
+def bench_status(tmp: Path, runs: int, steps: int, repeat: int = 3) -> dict[str, float]:
+    """Whole-process seconds of ``attnres status`` over ``runs`` runs, beside ``attnres --help`` (best of
+    ``repeat``)."""
     from attnres.bench.synthetic import synthetic_db
 
     path = tmp / "status.db"
     n = synthetic_db(f"sqlite:///{path}", runs, steps)
     exe = _attnres_exe()
-    return {"status_runs": runs, "status_rows": n, "status_s": _wall([*exe, "status", "--db", str(path)]),
+    return {"status_runs": runs, "status_rows": n, "status_s": _wall([*exe, "status", "--db", str(path)], repeat),
             "status_all_s": _wall([*exe, "status", "--all", "--db", str(path)], repeat=1),
-            "help_s": _wall([*exe, "--help"])}
+            "help_s": _wall([*exe, "--help"], repeat)}
 
 
 def bench_tracker(write_report: ReportWriter, rows: int = 100_000, report_runs: int = 40, report_steps: int = 3000,
                   status_runs: int = 1000, status_steps: int = 100, server: str | None = None,
-                  progress: Callable[[str], None] = lambda _: None) -> dict[str, float]:
+                  progress: Callable[[str], None] = lambda _: None, repeat: int | None = None) -> dict[str, float]:
     """Every measure of the module docstring, in one run (defaults: under a minute on 2 cores); with
-    ``server`` (a PostgreSQL URL) also the writer's ingest into that server (a run is added there)."""
-    if min(rows, report_runs, report_steps, status_runs, status_steps) < 1:
-        raise AttnresError("bench tracker: --rows, --runs, --steps and --status-runs must be at least 1")
+    ``server`` (a PostgreSQL URL) also the writer's ingest into that server (a run is added there).
+
+    Each measure keeps the best of several tries (ingest 5, report 2, processes 3), as a shared
+    machine's noise only ever adds time; ``repeat`` sets one count for all (1: a quick look).
+    """
+    if min(rows, report_runs, report_steps, status_runs, status_steps, repeat or 1) < 1:
+        raise AttnresError("bench tracker: --rows, --runs, --steps, --status-runs and --repeat must be at least 1")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         progress(f"ingest: {rows:,} rows through the writer, then raw sqlite3")
         steps = max(1, rows // len(KEYS))  # logged steps of 5 values
-        out = bench_ingest(tmp, steps) | bench_log_calls(tmp, steps)
+        out = bench_ingest(tmp, steps, repeat or 5) | bench_log_calls(tmp, steps)
         if server:
             progress(f"ingest: {rows:,} rows through the writer into {server.split('@')[-1]}")
-            best = min(_ingest_ours(tmp, steps, server) for _ in range(3))
+            best = min(_ingest_ours(tmp, steps, server) for _ in range(repeat or 3))
             out["server_ingest_rows_per_s"] = steps * len(KEYS) / best
         progress(f"report: {report_runs} runs x {report_steps:,} steps")
-        out |= bench_report_time(tmp, report_runs, report_steps, write_report)
+        out |= bench_report_time(tmp, report_runs, report_steps, write_report, repeat or 2)
         progress(f"status: {status_runs:,} runs")
-        out |= bench_status(tmp, status_runs, status_steps)
+        out |= bench_status(tmp, status_runs, status_steps, repeat or 3)
     return out

@@ -71,16 +71,25 @@ def _sqlite_pragmas(busy_s: float) -> Callable[..., None]:
     return on_connect
 
 
-@cache
 def get_engine(db: str | None = None, create: bool = True, busy_s: float | None = None) -> Engine:
     """An engine with the schema in place; a clear error for unusable databases.
 
     ``create=False`` opens read-only use: a missing SQLite file is an error, not a new file.
     ``busy_s`` is how long a SQLite statement waits for another process's lock (default
     ``$ATTNRES_DB_BUSY_TIMEOUT``, 60 s); a command that must answer at once gives less.
+    One engine per database, resolved now: the default (``$ATTNRES_DB``) and relative paths name
+    another file after a change of folder or environment, and must not reuse the first one's engine.
     """
-    busy_s = busy_timeout_s() if busy_s is None else busy_s
-    url = normalize_url(db)
+    return _engine(normalize_url(db), db, create, busy_timeout_s() if busy_s is None else busy_s)
+
+
+def forget_engines() -> None:
+    """Drop every engine made so far (after an upgrade changed the schema they checked)."""
+    _engine.cache_clear()
+
+
+@cache
+def _engine(url: str, db: str | None, create: bool, busy_s: float) -> Engine:
     is_sqlite = url.startswith("sqlite")
     if is_sqlite and not create:
         path = Path(url.split("///", 1)[1])
@@ -210,5 +219,5 @@ def upgrade(db: str | None) -> tuple[str | None, str]:
         raise AttnresError(f"cannot upgrade database '{db or default_url()}': {msg}") from None
     finally:
         engine.dispose()
-    get_engine.cache_clear()
+    forget_engines()
     return before, HEAD

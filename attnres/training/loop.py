@@ -158,7 +158,7 @@ def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool =
         model = torch.compile(model)
     tcfg = cfg.train
     optimizer = build_optimizer(raw_model, tcfg.lr, tcfg.weight_decay, (tcfg.beta1, tcfg.beta2),
-                                fused=d.device.type == "cuda")
+                                fused=d.device.type == "cuda", compiled=tcfg.compile)
     use_bf16 = tcfg.dtype == "bfloat16" or (tcfg.dtype == "auto" and d.device.type == "cuda")
 
     def autocast() -> AbstractContextManager:

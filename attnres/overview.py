@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 
-from attnres.tracking import states, store
+from attnres.tracking import glance, states
 from attnres.variants import superseded
 
 if TYPE_CHECKING:
@@ -26,11 +26,11 @@ def status_rows(engine: Engine, experiment: str | None = None, preset: str | Non
     """One row per run with its progress and latest metrics: every active run and the ``recent`` newest
     (None: every run) of one experiment or preset, or all; and how many runs match in all.
 
-    Plain rows and primary-key lookups (no pandas, no torch): the command answers at once however
-    many runs and metric rows the database holds.
+    Plain rows and primary-key lookups (no ORM, no pandas, no torch): the command answers at once
+    however many runs and metric rows the database holds.
     """
-    runs, total = store.status_runs(engine, experiment, preset, recent)
-    last = store.latest_values(engine, [int(r["id"]) for r in runs], KEYS)
+    runs, total = glance.status_runs(engine, experiment, preset, recent)
+    last = glance.latest_values(engine, [int(r["id"]) for r in runs], KEYS)
     rows = []
     for r in runs:
         m = last[int(r["id"])]
@@ -48,9 +48,23 @@ def status_rows(engine: Engine, experiment: str | None = None, preset: str | Non
     return rows, total
 
 
+def reconcile(engine: Engine) -> None:
+    """Mark runs whose process or job is gone without an end as failed, before they are shown.
+
+    The backends (and the ORM they write through) are imported only when some run is active: a
+    finished grid's status needs neither.
+    """
+    if glance.any_active(engine):
+        from attnres import backends
+
+        backends.reconcile(engine)
+
+
 def _cell(run: pd.Series) -> str:
     """One grid cell: state, progress and, while running, an ETA from the pace so far."""
     import pandas as pd
+
+    from attnres.tracking import store
 
     text = f"{run.status} {run.step}/{run.total_steps}"
     if run.status == states.RUNNING and run.step and pd.notna(run.started_at):
@@ -65,6 +79,8 @@ def _cell(run: pd.Series) -> str:
 def grid_rows(engine: Engine, experiment: str | None = None,
               preset: str | None = None) -> tuple[list[str], list[list[str]]]:
     """Variant rows x seed columns (per experiment); each cell is the latest run of that pair."""
+    from attnres.tracking import store
+
     runs = store.runs_frame(engine, experiment=experiment, preset=preset)
     if runs.empty:
         return ["variant"], [["no runs yet"]]

@@ -252,8 +252,7 @@ def status(
     db: DbOpt = None,
 ) -> None:
     """Live state of the runs: active ones and the most recent (runs whose process died are marked failed first)."""
-    from attnres import backends
-    from attnres.overview import RECENT, grid_rows, status_rows
+    from attnres.overview import RECENT, grid_rows, reconcile, status_rows
     from attnres.tracking import states
     from attnres.tracking.db import exists, get_engine
 
@@ -265,7 +264,7 @@ def status(
         from rich.live import Live
 
         def render() -> Table:
-            backends.reconcile(engine)
+            reconcile(engine)
             header, rows = grid_rows(engine, experiment, preset)
             table = Table(title="attnres grid (Ctrl-C to leave)")
             for col in header:
@@ -281,7 +280,7 @@ def status(
                     live.update(render())
         except KeyboardInterrupt:
             return
-    backends.reconcile(engine)
+    reconcile(engine)
     rows, total = status_rows(engine, experiment, preset, None if all_ else RECENT)
     if not rows:
         console.print("no runs match the filter" if experiment or preset

@@ -13,7 +13,6 @@ from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
 
 from attnres import paths
 from attnres.errors import AttnresError
-from attnres.tracking.schema import Base
 
 if TYPE_CHECKING:
     from alembic.config import Config as AlembicConfig
@@ -181,6 +180,8 @@ def _check_schema(engine: Engine, create: bool) -> None:
     if rev is None:
         if create:
             from alembic import command
+
+            from attnres.tracking.schema import Base  # (the ORM: only for a new file's tables)
 
             Base.metadata.create_all(engine)
             with engine.begin() as conn:

@@ -28,8 +28,6 @@ from typing import NamedTuple
 from sqlalchemy import Engine, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
-from attnres.tracking.schema import Run
-
 QUEUED, RUNNING, FINISHED, FAILED = "queued", "running", "finished", "failed"
 KILLED, DIVERGED, STOPPED, PREEMPTED = "killed", "diverged", "stopped", "preempted"
 STATES = (QUEUED, RUNNING, FINISHED, FAILED, KILLED, DIVERGED, STOPPED, PREEMPTED)
@@ -101,6 +99,8 @@ def transition(engine: Engine, run_id: int, to: str, actor: str, *, where: dict[
     """
     if "status" in fields:
         raise TransitionError("give the new state as `to`, not as a field")
+    from attnres.tracking.schema import Run  # (not at import: `attnres status` reads states without the ORM)
+
     allowed_from = sources(actor, to)
     try:
         with engine.begin() as conn:
@@ -118,6 +118,8 @@ def create(engine: Engine, actor: str, status: str, **columns: object) -> int:
 
     With ``id`` among the columns (a run restored from its spool) the row keeps that id.
     """
+    from attnres.tracking.schema import Run
+
     if status not in INITIAL.get(actor, frozenset()):
         raise TransitionError(f"{actor} may not create a run {status}")
     try:

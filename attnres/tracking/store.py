@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
 
-from sqlalchemy import Engine, bindparam, delete, func, insert, select, update
+from sqlalchemy import Engine, delete, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
@@ -234,46 +234,6 @@ def metrics_frame(engine: Engine, keys: Sequence[str], run_ids: Sequence[int] | 
         q = q.where(Metric.step.in_(list(steps)))
     with engine.connect() as conn:
         return pd.DataFrame(conn.execute(q).all(), columns=["run_id", "key", "step", "value"])
-
-
-STATUS_COLUMNS = ["id", "experiment", "variant", "seed", "status", "step", "total_steps", "stop_step", "config_json"]
-
-
-def status_runs(engine: Engine, experiment: str | None = None, preset: str | None = None,
-                recent: int | None = None) -> tuple[list[dict[str, object]], int]:
-    """What ``attnres status`` lists: every active run and the ``recent`` newest others (None: all),
-    oldest first, as plain dicts (no DataFrame: the command answers in well under a second); and
-    how many runs match the filter in all."""
-    cols = [getattr(Run, c) for c in STATUS_COLUMNS]
-    where = []
-    if experiment is not None:
-        where.append(Run.experiment == experiment)
-    if preset is not None:
-        where.append(Run.preset == preset)
-    q = select(*cols).where(*where)
-    if recent is not None:
-        newest = select(Run.id).where(*where).order_by(Run.id.desc()).limit(recent)
-        q = q.where(Run.status.in_(states.ACTIVE) | Run.id.in_(newest))
-    with engine.connect() as conn:
-        rows = [dict(zip(STATUS_COLUMNS, r, strict=True)) for r in conn.execute(q.order_by(Run.id)).all()]
-        total = conn.execute(select(func.count()).select_from(Run).where(*where)).scalar() or 0
-    return rows, int(total)
-
-
-def latest_values(engine: Engine, run_ids: Sequence[int], keys: Sequence[str]) -> dict[int, dict[str, float]]:
-    """Each run's newest value of each key: one primary-key lookup per (run, key), never a scan of the
-    run's steps (a thousand runs of long curves answer in milliseconds)."""
-    out: dict[int, dict[str, float]] = {r: {} for r in run_ids}
-    with engine.connect() as conn:
-        ids = dict(conn.execute(select(MetricKey.name, MetricKey.id).where(MetricKey.name.in_(list(keys)))).all())
-        last = (select(Metric.value).where(Metric.run_id == bindparam("run"), Metric.key_id == bindparam("key"))
-                .order_by(Metric.step.desc()).limit(1))
-        for run_id in run_ids:
-            for name, key_id in ids.items():
-                value = conn.execute(last, {"run": run_id, "key": key_id}).scalar()
-                if value is not None:
-                    out[run_id][name] = float(value)
-    return out
 
 
 def active_runs(engine: Engine) -> list[Run]:

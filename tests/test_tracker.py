@@ -207,3 +207,22 @@ def test_a_run_that_ends_leaves_its_summaries(engine, tmp_path):
             "select k.name, s.n, s.mean, s.low, s.high, s.last_step from metric_summaries s "
             "join metric_keys k on k.id = s.key_id where s.run_id = ?", (run,))}
     assert got == {"train_loss": (10, 4.5, 0.0, 9.0, 10), "tokens_per_s": (10, 550.0, 100.0, 1000.0, 10)}
+
+
+def test_metrics_of_a_missing_run_are_refused_whole_and_foreign_keys_stay_on(engine):
+    """SQLite checks a batch's parents once instead of per row: the same refusal, nothing half written,
+    and the connection keeps enforcing foreign keys afterwards."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import IntegrityError
+
+    run = new_run(engine)
+    with pytest.raises(IntegrityError):
+        store.log_steps(engine, run + 1, [(1, {"train_loss": 1.0}), (2, {"train_loss": 0.5})])
+    store.log_steps(engine, run, [(s, {"train_loss": 1.0, "lr": 0.1}) for s in range(3)])
+    assert values(engine, run, "train_loss") == {0: 1.0, 1: 1.0, 2: 1.0}
+    with engine.connect() as conn:
+        assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
+        assert conn.execute(text("select count(*) from metrics where run_id != :r"), {"r": run}).scalar() == 0
+        with pytest.raises(IntegrityError):  # enforced per row again for any other statement
+            conn.execute(text("insert into metrics (run_id, key_id, step, value) values (:r, 1, 9, 1.0)"),
+                         {"r": run + 5})

@@ -193,7 +193,11 @@ def _insert(engine: Engine, run_id: int, keys: set[str], payload: Callable[[dict
                         conn.execute(_insert_ignore(engine, DepthWeight), [{"run_id": run_id, **w} for w in weights])
             finally:
                 if once:
-                    _foreign_keys(conn, on=True)
+                    try:
+                        _foreign_keys(conn, on=True)
+                    except Exception:
+                        conn.invalidate()  # never back to the pool without its foreign-key checks
+                        raise
     except Exception:
         _KEY_CACHE.pop(engine, None)  # the next try looks every key up again
         raise

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import os
 import sys
 
 from attnres import paths
 from attnres.config import RunConfig
+from attnres.logline import exit_now
 from attnres.tracking import store
 from attnres.tracking.db import get_engine
 from attnres.training import distributed
@@ -73,18 +72,6 @@ def main(argv: list[str] | None = None) -> int:
         recorder.finish(ending)
     engine.dispose()
     return 0
-
-
-def exit_now(code: int) -> None:
-    """Leave without the interpreter's teardown, once the run's end is recorded and its output flushed.
-
-    Unloading torch (and the torch._dynamo that its optimizers import) takes 1-2 s on a CPU, time
-    in which the run is over but its process, torchrun and the queue still wait.
-    """
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

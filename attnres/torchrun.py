@@ -1,6 +1,6 @@
 """``torchrun`` itself (``torch.distributed.run``'s ``main``), leaving without the interpreter's teardown.
 
-    python -m attnres.backends.torchrun --standalone --nproc_per_node=2 -m attnres.train -- --run-id 3 --db runs.db
+    python -m attnres.torchrun --standalone --nproc_per_node=2 -m attnres.train -- --run-id 3 --db runs.db
 
 takes exactly torchrun's arguments and runs torchrun's own code: the elastic agent, its rendezvous,
 its worker supervision and signal forwarding are unchanged. Only when every worker succeeded does
@@ -12,9 +12,9 @@ way, with torchrun's error summary and exit code.
 
 from __future__ import annotations
 
-import logging
-import os
 import sys
+
+from attnres.logline import exit_now
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -22,10 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.run import main as torchrun
 
     torchrun(argv if argv is not None else sys.argv[1:])
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_now(0)
 
 
 if __name__ == "__main__":

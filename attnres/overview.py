@@ -10,6 +10,8 @@ from attnres.tracking import glance, states
 from attnres.variants import superseded
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     import pandas as pd
 
 
@@ -60,15 +62,13 @@ def reconcile(engine: Engine) -> None:
         backends.reconcile(engine)
 
 
-def _cell(run: pd.Series) -> str:
-    """One grid cell: state, progress and, while running, an ETA from the pace so far."""
+def _cell(run: pd.Series, now: datetime) -> str:
+    """One grid cell: state, progress and, while running, an ETA from the pace so far (at ``now``)."""
     import pandas as pd
-
-    from attnres.tracking import store
 
     text = f"{run.status} {run.step}/{run.total_steps}"
     if run.status == states.RUNNING and run.step and pd.notna(run.started_at):
-        elapsed = (store.now() - run.started_at).total_seconds()
+        elapsed = (now - run.started_at).total_seconds()
         eta = elapsed / run.step * (run.total_steps - run.step)
         text += f" ETA {int(eta // 60)}:{int(eta % 60):02d}"
     if pd.notna(run.stop_step):
@@ -79,9 +79,10 @@ def _cell(run: pd.Series) -> str:
 def grid_rows(engine: Engine, experiment: str | None = None,
               preset: str | None = None) -> tuple[list[str], list[list[str]]]:
     """Variant rows x seed columns (per experiment); each cell is the latest run of that pair."""
-    from attnres.tracking import store
+    from attnres.tracking import store  # (the ORM and pandas: the live grid's, not `attnres status`'s)
 
     runs = store.runs_frame(engine, experiment=experiment, preset=preset)
+    now = store.now()
     if runs.empty:
         return ["variant"], [["no runs yet"]]
     seeds = sorted(runs["seed"].unique())
@@ -89,6 +90,6 @@ def grid_rows(engine: Engine, experiment: str | None = None,
     latest = latest.set_index(["experiment", "variant", "seed"])
     rows = []
     for exp, variant in dict.fromkeys(zip(runs["experiment"], runs["variant"], strict=True)):
-        rows.append([exp, variant] + [_cell(latest.loc[(exp, variant, s)]) if (exp, variant, s) in latest.index
+        rows.append([exp, variant] + [_cell(latest.loc[(exp, variant, s)], now) if (exp, variant, s) in latest.index
                                       else "—" for s in seeds])
     return ["experiment", "variant", *[f"seed {s}" for s in seeds]], rows

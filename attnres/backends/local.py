@@ -122,14 +122,13 @@ class Job:
     proc: subprocess.Popen
     log: Path
     slots: list[str] = field(default_factory=list)
-    exit_fd: int | None = None  # readable once the process has exited (a pidfd), where the system has them
+    exit_fd: int | None = field(default=None, init=False)  # readable once the process has exited (a pidfd)
 
     def __post_init__(self) -> None:
-        if self.exit_fd is None:
-            try:
-                self.exit_fd = os.pidfd_open(self.proc.pid)
-            except (AttributeError, OSError):  # not Linux >= 5.3: the queue notices the exit at its next poll
-                self.exit_fd = None
+        try:
+            self.exit_fd = os.pidfd_open(self.proc.pid)
+        except (AttributeError, OSError):  # not Linux >= 5.3: the queue notices the exit at its next poll
+            pass
 
     def close(self) -> None:
         if self.exit_fd is not None:
@@ -305,16 +304,8 @@ def kill_tree(agent_pid: int | None, trainer_pid: int | None) -> None:
     # Dead is enough: a killed worker whose torchrun died with it stays a zombie until init reaps it
     # (seconds, on some machines), and psutil.wait_procs would wait for that.
     end = time.monotonic() + 10
-    while not all(ended(p) for p in procs) and time.monotonic() < end:
+    while any(process_alive(p.pid) for p in procs) and time.monotonic() < end:
         time.sleep(0.01)
-
-
-def ended(proc: psutil.Process) -> bool:
-    """Whether ``proc`` has died (gone, or a zombie that no longer runs and holds nothing but its pid)."""
-    try:
-        return proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return True
 
 
 def process_alive(pid: int, since: datetime | None = None) -> bool:

@@ -183,13 +183,14 @@ def bench_tracker(write_report: ReportWriter, rows: int = 100_000, report_runs: 
         tmp = Path(tmp_name)
         progress(f"ingest: {rows:,} rows through the writer, then raw sqlite3")
         steps = max(1, rows // len(KEYS))  # logged steps of 5 values
-        out = bench_ingest(tmp, steps, repeat or 5) | bench_log_calls(tmp, steps)
+        tries = {} if repeat is None else {"repeat": repeat}  # each measure's own default otherwise
+        out = bench_ingest(tmp, steps, **tries) | bench_log_calls(tmp, steps)
         if server:
             progress(f"ingest: {rows:,} rows through the writer into {server.split('@')[-1]}")
             best = min(_ingest_ours(tmp, steps, server) for _ in range(repeat or 3))
             out["server_ingest_rows_per_s"] = steps * len(KEYS) / best
         progress(f"report: {report_runs} runs x {report_steps:,} steps")
-        out |= bench_report_time(tmp, report_runs, report_steps, write_report, repeat or 2)
+        out |= bench_report_time(tmp, report_runs, report_steps, write_report, **tries)
         progress(f"status: {status_runs:,} runs")
-        out |= bench_status(tmp, status_runs, status_steps, repeat or 3)
+        out |= bench_status(tmp, status_runs, status_steps, **tries)
     return out

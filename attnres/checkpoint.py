@@ -53,16 +53,18 @@ def save(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         torch.save(state, fh)
         fh.flush()
         os.fsync(fh.fileno())
-    last = folder / LAST
+    last, kept = folder / LAST, folder / f"{PREVIOUS}.tmp"
     if last.exists():  # keep it as prev.pt without a moment when there is no last.pt (a kill may come any time)
-        link = folder / f"{PREVIOUS}.tmp"
-        link.unlink(missing_ok=True)
+        kept.unlink(missing_ok=True)
         try:
-            os.link(last, link)
-            os.replace(link, folder / PREVIOUS)
+            os.link(last, kept)  # a second name for last.pt's file; prev.pt is untouched until last.pt is new
         except OSError:  # a file system without hard links: move it (a kill here leaves prev.pt and the .tmp)
-            os.replace(last, folder / PREVIOUS)
+            os.replace(last, kept)
+    # last.pt is replaced before prev.pt: at no moment are the two names one file, so damage done to
+    # last.pt in place (a cut or overwritten file) can never reach prev.pt too
     os.replace(tmp, last)
+    if kept.exists():
+        os.replace(kept, folder / PREVIOUS)
     dir_fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(dir_fd)  # the renames themselves reach the disk
@@ -72,7 +74,7 @@ def save(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def exists(folder: Path) -> bool:
-    return (folder / LAST).exists() or (folder / PREVIOUS).exists()
+    return any((folder / name).exists() for name in (LAST, f"{PREVIOUS}.tmp", PREVIOUS))
 
 
 def load(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
@@ -82,7 +84,7 @@ def load(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer)
     neither can be read it is one clear error (``attnres resume --restart`` starts the run over).
     """
     errors = []
-    for name in (LAST, PREVIOUS):
+    for name in (LAST, f"{PREVIOUS}.tmp", PREVIOUS):  # (the .tmp: the one before last.pt, if a save was cut short)
         path = folder / name
         if not path.exists():
             continue

@@ -24,6 +24,26 @@ from attnres.variants import check_revision
 _REOPENED = {"ended_at": None, "exit_code": None, "message": None, "stop_step": None, "agent_pid": None}
 
 
+def _reopen(engine: Engine, run_id: int, **fields: object) -> states.Outcome:
+    """Queue an ended run again, its last attempt's spool recorded first, as that attempt's.
+
+    Recorded after the reopening (by the queue that saw the last attempt end, or by the next
+    trainer as it starts), that spool's lines would land on the next attempt: its pid and start
+    time replayed over the new ones, and a monitor would then call the live run dead. Held, the
+    spool cannot be read by anyone else until the run is queued with the last attempt's process
+    forgotten (``agent_pid``), which the queue checks before it records anything.
+    """
+    path = store.spool_path(store.get_run(engine, run_id))
+    with spool.held(path):
+        if path.exists() and path.stat().st_size:
+            try:
+                spool.ingest(engine, path)
+            except AttnresError as exc:
+                raise AttnresError(f"run {run_id}: {exc}") from None
+        return states.transition(engine, run_id, states.QUEUED, states.LAUNCHER, **_REOPENED, job_id=None,
+                                 **fields)
+
+
 def enqueue(engine: Engine, cells: Sequence[PlannedRun], req: LaunchRequest) -> list[int]:
     """Create queued run rows (or reopen the interrupted run of a cell); return the ids to run, in order."""
     ids = []
@@ -36,14 +56,16 @@ def enqueue(engine: Engine, cells: Sequence[PlannedRun], req: LaunchRequest) -> 
                 cell.run_id = store.create_run(engine, cell.cfg, world_size=req.placement.nproc,
                                                git_commit=git_commit(), backend=req.backend, rule_json=rule)
                 store.update_run(engine, cell.run_id, log_path=str(paths.run_log(cell.run_id)))
-            elif not states.transition(engine, cell.run_id, states.QUEUED, states.LAUNCHER, **_REOPENED,
-                                       log_path=str(paths.run_log(cell.run_id)), backend=req.backend,
-                                       rule_json=rule, job_id=None):
+            elif not _reopen(engine, cell.run_id, log_path=str(paths.run_log(cell.run_id)), backend=req.backend,
+                             rule_json=rule):
                 cell.skip = f"run {cell.run_id} changed meanwhile (now {store.status_of(engine, cell.run_id)})"
                 continue
         except states.ActiveTwin:  # another launch queued this config between our plan and now
             active = [r for r, s in store.runs_with_config(engine, cell.cfg.config_hash) if s in states.ACTIVE]
             cell.skip = f"already queued or running as run {active[0] if active else '?'} (another launch)"
+            continue
+        except AttnresError as exc:  # its last attempt's spool could not be recorded: left as it was
+            cell.skip = str(exc)
             continue
         ids.append(cell.run_id)
     paths.logs_dir().mkdir(parents=True, exist_ok=True)
@@ -90,7 +112,7 @@ def reopen(engine: Engine, run_ids: Sequence[int], restart: bool = False) -> int
                                "which continues it from its checkpoint")
     for r in runs:
         try:
-            reopened = states.transition(engine, r.id, states.QUEUED, states.LAUNCHER, **_REOPENED, job_id=None)
+            reopened = _reopen(engine, r.id)
         except states.ActiveTwin:
             raise AttnresError(f"run {r.id}'s config is already queued or running as another run") from None
         if not reopened:
@@ -133,4 +155,8 @@ def reconcile(engine: Engine) -> list[int]:
 
 def sync(engine: Engine, files: Sequence[Path] | None = None) -> list[tuple[Path, dict[str, int]]]:
     """Ingest spools (default: every non-empty one under the logs folder) into the database."""
-    return [(path, spool.ingest(engine, path)) for path in (files or paths.spools())]
+    done = []
+    for path in files or paths.spools():
+        with spool.held(path):  # not while a queue, monitor or relaunch is recording the same spool
+            done.append((path, spool.ingest(engine, path)))
+    return done

@@ -92,3 +92,46 @@ def test_local_poll_decides_by_process_on_this_host_and_by_heartbeat_elsewhere(t
     }
     got = LocalBackend().poll([run for run, _ in cases.values()])
     assert {name: got[run.id][0] for name, (run, _) in cases.items()} == {n: v for n, (_, v) in cases.items()}
+
+
+def test_a_resumed_run_takes_its_last_attempts_spool_along_and_the_old_queue_leaves_it_be(tmp_path):
+    """A trainer killed with values only in its spool, then resumed while its old queue is still settling:
+    the spool is recorded as the last attempt's at the reopening, and the old queue records nothing after it
+    (its late replay once gave the new attempt the dead pid and start time, and a monitor failed the run)."""
+    import json
+    import socket
+
+    from attnres.backends.local import settle
+
+    engine = get_engine(str(tmp_path / "runs.db"))
+    killed = running_row(engine, socket.gethostname(), 2**31 - 1, 0, 6)
+    store.update_run(engine, killed.id, agent_pid=2**31 - 2, log_path=str(tmp_path / "run.log"))
+    path = tmp_path / "run.spool.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in [
+        {"run": killed.id, "fields": {"status": states.RUNNING, "pid": 2**31 - 1}},
+        *({"r": killed.id, "s": s, "m": {"train_loss": 1.0 / s}} for s in (1, 2, 3)),
+        {"run": killed.id, "fields": {"step": 3}}]))
+    assert states.transition(engine, killed.id, states.KILLED, states.USER)
+    orchestrator.reopen(engine, [killed.id])
+    r = store.get_run(engine, killed.id)
+    assert (r.status, r.agent_pid, r.step) == (states.QUEUED, None, 3) and path.stat().st_size == 0
+    assert sorted(store.metrics_frame(engine, ["train_loss"], [killed.id])["step"]) == [1, 2, 3]
+    assert settle(engine, killed.id, -9, tmp_path / "run.log", pid=2**31 - 2) == states.QUEUED  # the old queue
+    assert store.get_run(engine, killed.id).message is None
+
+
+def test_the_monitor_judges_a_run_only_while_nobody_else_changes_it(tmp_path):
+    import socket
+
+    from attnres.tracking import spool
+
+    engine = get_engine(str(tmp_path / "runs.db"))
+    rid = running_row(engine, socket.gethostname(), 2**31 - 1, 0, 7).id  # its process is gone
+    store.update_run(engine, rid, log_path=str(tmp_path / "run.log"))
+    seen = store.get_run(engine, rid)
+    with spool.held(store.spool_path(seen)):  # a relaunch or the run's queue is at it
+        assert LocalBackend().reconcile(engine, [seen]) == []
+    store.update_run(engine, seen.id, pid=os.getpid())  # a new attempt started since the look
+    assert LocalBackend().reconcile(engine, [seen]) == [] and store.status_of(engine, seen.id) == states.RUNNING
+    store.update_run(engine, seen.id, pid=seen.pid)
+    assert LocalBackend().reconcile(engine, [seen]) == [seen.id] and store.status_of(engine, seen.id) == states.FAILED

@@ -86,3 +86,43 @@ def test_no_readable_checkpoint_is_one_clear_error(workdir):
     (workdir / "ck" / "last.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(AttnresError, match=r"no readable checkpoint.*--restart"):
         train(cfg(4), single(), MemoryRecorder(), workdir / "ck")
+
+
+class Killed(BaseException):
+    """A SIGKILL between two file operations of a save."""
+
+
+def test_a_save_killed_between_any_two_renames_leaves_a_checkpoint_that_damage_to_last_cannot_reach(
+        tmp_path, monkeypatch):
+    import itertools
+    import os
+
+    import torch
+
+    from attnres import checkpoint
+
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for k in range(4):  # a kill before each link or rename of the third save, and none
+        folder = tmp_path / f"kill-{k}"
+        checkpoint.save(folder, model, opt, 1)
+        checkpoint.save(folder, model, opt, 2)
+        calls = itertools.count()
+
+        def dying(real, calls=calls, k=k):
+            def op(*args, **kwargs):
+                if next(calls) == k:
+                    raise Killed
+                return real(*args, **kwargs)
+            return op
+
+        with monkeypatch.context() as m:
+            m.setattr(os, "link", dying(os.link))
+            m.setattr(os, "replace", dying(os.replace))
+            try:
+                checkpoint.save(folder, model, opt, 3)
+            except Killed:
+                pass
+        last = folder / "last.pt"
+        last.write_bytes(last.read_bytes()[:100])  # last.pt damaged in place afterwards (cut, overwritten)
+        assert checkpoint.load(folder, model, opt) in (1, 2), k  # never both gone

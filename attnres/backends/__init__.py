@@ -53,6 +53,8 @@ class Submitted:
 
 
 ALIVE, GONE, UNKNOWN = "alive", "gone", "unknown"
+#: the columns that tell one attempt of a run from the next (a relaunch or resume gives it new ones)
+_ATTEMPT = ("pid", "agent_pid", "job_id")
 HEARTBEAT_SILENCE_S = 30.0  # a run that beats every 5 s and was not heard from for this long is gone
 
 
@@ -113,10 +115,18 @@ class Backend:
                 continue
             try:
                 path = store.spool_path(run)
-                if path.exists() and path.stat().st_size:
-                    spool.ingest(engine, path)
-                if states.transition(engine, run.id, states.FAILED, states.MONITOR, ended_at=store.now(), message=why):
-                    dead.append(run.id)
+                with spool.held(path, wait=False) as ours:  # nobody changes the run between our look and verdict
+                    if not ours:  # it is changing hands now (a relaunch, its queue, its trainer starting)
+                        continue
+                    if path.exists() and path.stat().st_size:
+                        spool.ingest(engine, path)
+                    now = store.get_run(engine, run.id)
+                    if any(getattr(now, col) != getattr(run, col) for col in (*_ATTEMPT, "started_at", "host")):
+                        continue  # another attempt, or the trainer's own word since: judged again next time
+                    seen = {col: getattr(run, col) for col in _ATTEMPT}
+                    if states.transition(engine, run.id, states.FAILED, states.MONITOR, where=seen,
+                                         ended_at=store.now(), message=why):
+                        dead.append(run.id)
             except (SQLAlchemyError, AttnresError, OSError):
                 continue
         return dead

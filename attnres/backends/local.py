@@ -176,25 +176,27 @@ def settle(engine: Engine, run_id: int, returncode: int, log: Path, pid: int | N
     """
     try:
         check_location(engine)
-        run = store.get_run(engine, run_id)
-        if pid is not None and run.agent_pid != pid:
+        path = store.spool_path(store.get_run(engine, run_id))
+        with spool.held(path):  # a relaunch cannot reopen the run between the check below and the end
+            run = store.get_run(engine, run_id)
+            if pid is not None and run.agent_pid != pid:
+                return run.status
+            if path.exists() and path.stat().st_size:
+                try:
+                    spool.ingest(engine, path)  # the run's own last word, if it could not reach the database
+                except AttnresError as exc:
+                    say(f"attnres: run {run_id}: {exc}", err=True)
+            how = (f"killed by signal {-returncode} ({signal.Signals(-returncode).name})" if returncode < 0
+                   and -returncode in signal.Signals._value2member_map_ else f"exited with code {returncode}")
+            ours = {"agent_pid": pid} if pid is not None else None  # still this process's run (no relaunch since)
+            if states.transition(engine, run_id, states.FAILED, states.SUPERVISOR, where=ours, ended_at=store.now(),
+                                 exit_code=returncode,
+                                 message=f"process {how} without recording an end\n{log_tail(log)}"):
+                return states.FAILED
+            run = store.get_run(engine, run_id)
+            if run.exit_code is None or (returncode != 0 and run.exit_code == 0):
+                store.update_run(engine, run_id, where=ours, exit_code=returncode)
             return run.status
-        path = store.spool_path(run)
-        if path.exists() and path.stat().st_size:
-            try:
-                spool.ingest(engine, path)  # the run's own last word, if it could not reach the database
-            except AttnresError as exc:
-                say(f"attnres: run {run_id}: {exc}", err=True)
-        how = (f"killed by signal {-returncode} ({signal.Signals(-returncode).name})" if returncode < 0
-               and -returncode in signal.Signals._value2member_map_ else f"exited with code {returncode}")
-        ours = {"agent_pid": pid} if pid is not None else None  # still this process's run (no relaunch since)
-        if states.transition(engine, run_id, states.FAILED, states.SUPERVISOR, where=ours, ended_at=store.now(),
-                             exit_code=returncode, message=f"process {how} without recording an end\n{log_tail(log)}"):
-            return states.FAILED
-        run = store.get_run(engine, run_id)
-        if run.exit_code is None or (returncode != 0 and run.exit_code == 0):
-            store.update_run(engine, run_id, where=ours, exit_code=returncode)
-        return run.status
     except (SQLAlchemyError, OSError, AttnresError) as exc:
         say(f"attnres: cannot record how run {run_id} ended ({str(exc).splitlines()[0][:200]}); its spool keeps "
             "what it wrote: `attnres sync` records it", err=True)

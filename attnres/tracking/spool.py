@@ -22,8 +22,11 @@ state changes go through :func:`attnres.tracking.states.transition`, so replayin
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from pathlib import Path
@@ -79,6 +82,31 @@ class _RunLog:
 def rejects_of(spool: Path) -> Path:
     """Where unreadable lines of a spool are kept aside (never dropped)."""
     return Path(spool).with_name(Path(spool).name + ".rejects")
+
+
+@contextmanager
+def held(spool: Path, wait: bool = True) -> Iterator[bool]:
+    """Hold a run's spool against the other processes that read it back and then change the run.
+
+    The queue that saw a trainer exit, a monitor that found it gone, a launcher reopening the run and
+    the next trainer starting each read the spool, then change the run. Interleaved, the last
+    attempt's lines could land on the next attempt (its pid and start time replayed over the new
+    ones, and the run then called dead). An flock on ``<spool>.lock`` serialises them; the trainer's
+    own appends need no lock. Yields whether to go on: False only when ``wait`` is off and another
+    process holds it. Where the lock file cannot be made (a full or read-only disk), True, unserialised.
+    """
+    try:
+        fh = Path(f"{spool}.lock").open("ab")
+    except OSError:
+        yield True
+        return
+    with fh:  # the lock goes with the file's closing
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
 
 
 def read(spool: Path) -> tuple[dict[int, _RunLog], list[bytes]]:

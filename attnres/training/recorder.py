@@ -46,12 +46,14 @@ class RunRecorder:
         self.rule = json.loads(run.rule_json) if run.rule_json else None
         self.scope = {"experiment": run.experiment, "preset": run.preset, "total_steps": run.total_steps}
         self.writer = MetricWriter(engine, run_id, store.spool_path(run))
-        if self.writer.spool.exists() and self.writer.spool.stat().st_size:
-            spool.ingest(engine, self.writer.spool)  # what an earlier attempt could not write
-        self.writer.keep_snapshot(store.run_fields(engine, run_id))  # should the database be lost
-        self.writer.transition(states.RUNNING, started_at=store.now(), heartbeat_at=store.now(), pid=os.getpid(),
-                               host=socket.gethostname(), world_size=world_size, device=device)
-        if self.writer.flush() and self.writer.refused:  # killed (or ended) before it could start: do not train
+        with spool.held(self.writer.spool):  # a monitor cannot judge the run between the replay and our start
+            if self.writer.spool.exists() and self.writer.spool.stat().st_size:
+                spool.ingest(engine, self.writer.spool)  # what an earlier attempt could not write
+            self.writer.keep_snapshot(store.run_fields(engine, run_id))  # should the database be lost
+            self.writer.transition(states.RUNNING, started_at=store.now(), heartbeat_at=store.now(),
+                                   pid=os.getpid(), host=socket.gethostname(), world_size=world_size, device=device)
+            started = self.writer.flush()
+        if started and self.writer.refused:  # killed (or ended) before it could start: do not train
             was = self.writer.refused[0][1]
             self.writer.close()
             raise AttnresError(f"run {run_id} is {was}: not starting it")

@@ -224,3 +224,15 @@ def test_the_default_database_is_resolved_at_each_call(tmp_path, monkeypatch):
         store.create_run(get_engine(), resolve_run("standard", "tiny", 1 if name == "a" else 2))
     seeds = {name: list(store.runs_frame(get_engine(str(tmp_path / name / "runs.db")))["seed"]) for name in "ab"}
     assert seeds == {"a": [1], "b": [2]}
+
+
+def test_a_batch_of_steps_logging_different_keys_records_each_value_once_under_its_key(engine):
+    run = queued(engine)
+    entries = [(s, {"train_loss": 1.0 / s, "lr": 0.1 * s}) for s in range(1, 7)]
+    entries[2:2] = [(0, {"eval_loss": 9.0})]  # an eval between train steps: another set of keys
+    entries.append((6, {"eval_loss": 4.0, "train_loss": 99.0}))  # a key again at a step it has: the first stays
+    entries.append((7, {"lr": 0.7, "train_loss": 1 / 7}))  # the same keys in another order
+    assert store.log_steps(engine, run, entries) == 2 * 6 + 1 + 2 + 2
+    assert values(engine, run, "train_loss") == {s: 1.0 / s for s in range(1, 8)}
+    assert values(engine, run, "lr") == {s: 0.1 * s for s in range(1, 7)} | {7: 0.7}
+    assert values(engine, run, "eval_loss") == {0: 9.0, 6: 4.0}

@@ -15,7 +15,7 @@ export TIKTOKEN_CACHE_DIR := $(abspath ../shared/tiktoken)
 endif
 endif
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test lint clean gpu-check
 
 $(BIN)/attnres: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,8 +44,25 @@ lint: install
 # so two tests at once use both cores; SLURM's tests share one worker (its one node).
 TEST_WORKERS ?= 2
 
-test: install lint
+# the test extra: Triton, whose interpreter runs the GPU kernel's tests on CPU (3.9.0 is the version beside
+# torch 2.13; a CUDA build of torch brings its own); the tool itself does not need it
+$(VENV)/.test-extra: $(BIN)/attnres
+	$(BIN)/python -m pip install -q triton==3.9.0
+	touch $@
+
+test: install lint $(VENV)/.test-extra
 	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadgroup
+
+# The GPU check, on a machine with a CUDA build of torch and Triton (GPU_PYTHON: that environment's python,
+# with this checkout installed): the Triton kernel compiled for the GPU against the float64 reference
+# (forward and every gradient), then every variant with a target raced against standard at a paper-like
+# shape (paper500m: 24 layers, d 1536; 8 x 1024 tokens a step; bf16): tokens/s ratios, CUDA peak memory
+# above weights and optimizer, saved-activation bytes, and the depth kernel's path.
+GPU_PYTHON ?= python3
+gpu-check:
+	TRITON_INTERPRET=0 ATTNRES_TEST_DEVICE=cuda $(GPU_PYTHON) -m pytest -q -p no:cacheprovider \
+		tests/test_equivalence.py -k "triton and not compile"
+	$(GPU_PYTHON) -m cli.main bench --device cuda --preset paper500m --set batch_size=8 --steps 10
 
 clean:
 	rm -rf $(VENV) runs.db runs.db-* data logs checkpoints reports/*.png attnres-results.md

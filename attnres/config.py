@@ -132,7 +132,8 @@ class TrainConfig:
     log_every: int = 5
     checkpoint_every: int = 0  # 0 = only at the end
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 on CUDA, fp32 on CPU
-    compile: bool = False
+    compile: bool = False  # torch.compile on any device (CUDA runs compile anyway, unless compile_cuda is off)
+    compile_cuda: bool = True  # `--set compile=false` turns this off too: the opt-out of compiling on CUDA
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,8 @@ class RunConfig:
             del d["revision"]
         if not d["experiment"]:  # the same for runs in their preset's default experiment
             del d["experiment"]
+        if d["train"]["compile_cuda"]:  # the same for runs that compile on CUDA as CUDA runs now do
+            del d["train"]["compile_cuda"]
         return json.dumps(d, sort_keys=True)
 
     @property
@@ -307,6 +310,8 @@ def apply_overrides(model: ModelConfig, train: TrainConfig, overrides: list[str]
             names = [f.name for obj in groups.values() for f in fields(obj) if f.name != "residual"]
             raise unknown("setting", key, names)
         changes[owner][key] = _coerce(value, getattr(groups[owner], key), key)
+    if changes["train"].get("compile") is False:  # compile=false: not on CUDA either (it compiles by default)
+        changes["train"].setdefault("compile_cuda", False)
     residual = replace(model.residual, **changes["residual"])
     model, train = replace(model, residual=residual, **changes["model"]), replace(train, **changes["train"])
     check(model, train)

@@ -21,12 +21,15 @@ blocks), so the statistics and logits of the shared sources are computed once. A
 (partial block, window) are merged afterwards with an online-softmax update: its earlier result
 enters as a *prior* with log-sum-exp ``lse``.
 
-Two implementations compute the forward and backward: PyTorch ops (any device; logits, softmax and
+Three implementations compute the forward and backward: PyTorch ops (any device; logits, softmax and
 the mix in float32 or wider whatever the sources' dtype, though under autocast the residual module
-hands it float32 sources anyway), and on CPU, for float32 and float64, a fused C kernel
-(``depth_attend.c``, built by :mod:`attnres.cpu_kernel`). Eager PyTorch makes about ten passes over
-a (tokens x d_model) tensor per (site, source) pair; the C kernel reads each source once per call,
-a tile of tokens at a time. Both save the same tensors and are checked against the same reference.
+hands it float32 sources anyway); on CPU, for float32 and float64, a fused C kernel
+(``depth_attend.c``, built by :mod:`attnres.cpu_kernel`); and on CUDA a Triton kernel
+(``depth_attend_triton.py``, called by :mod:`attnres.gpu_kernel` through custom ops, so that
+``torch.compile`` keeps the model one graph), which the tests run on CPU in Triton's interpreter.
+Eager PyTorch makes about ten passes over a (tokens x d_model) tensor per (site, source) pair; the
+kernels read each source a tile of tokens at a time. All save the same tensors and are checked
+against the same reference.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnres import cpu_kernel
+from attnres import cpu_kernel, gpu_kernel
 
 
 def rms_rsqrt(x: Tensor, eps: float, scale: float = 1.0) -> Tensor:
@@ -62,8 +65,10 @@ class _Attend(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, n: int, per_token: bool, has_values: bool, scales: tuple[tuple[float, ...], ...] | None,
-                u: Tensor, rs: Tensor, bias: Tensor | None, prior: Tensor | None, prior_lse: Tensor | None,
-                *flat: Tensor) -> tuple[Tensor, ...]:
+                index: tuple[int, ...], u: Tensor, rs: Tensor, bias: Tensor | None, prior: Tensor | None,
+                prior_lse: Tensor | None, *distinct: Tensor) -> tuple[Tensor, ...]:
+        flat = [distinct[i] for i in index]  # (each tensor is passed once: torch.compile traces no duplicates)
+        ctx.index, ctx.n_distinct = index, len(distinct)
         keys = flat[:n]
         values = flat[n:] if has_values else keys
         cdt = rs.dtype
@@ -72,7 +77,11 @@ class _Attend(torch.autograd.Function):
         ctx.n, ctx.per_token, ctx.has_values, ctx.off, ctx.iu = n, per_token, has_values, int(prior is not None), iu
         ctx.scales = scales
         ctx.has_bias = bias is not None
-        ctx.fused = cpu_kernel.kernel([u, rs, *flat, *(t for t in (bias, prior, prior_lse) if t is not None)])
+        given = [u, rs, *flat, *(t for t in (bias, prior, prior_lse) if t is not None)]
+        ctx.triton = gpu_kernel.applies(given)
+        ctx.fused = None if ctx.triton else cpu_kernel.kernel(given)
+        if ctx.triton:
+            return _forward_triton(ctx, u, rs, bias, prior, prior_lse, keys, values, n_sites)
         if ctx.fused is not None:
             return _forward_c(ctx, u, rs, bias, prior, prior_lse, keys, values, n_sites)
         # logits in the statistics' dtype (float32 or wider) even for bf16 sources: a logit rounded to
@@ -101,6 +110,17 @@ class _Attend(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
+        head, flat = (got := _Attend.gradients(ctx, grads))[:9], got[9:]
+        merged: list[Tensor | None] = [None] * ctx.n_distinct  # a tensor given as several sources: their sum
+        for i, g in zip(ctx.index, flat, strict=True):
+            merged[i] = g if merged[i] is None or g is None else merged[i] + g
+        return (*head[:4], None, *head[4:], *merged)
+
+    @staticmethod
+    def gradients(ctx: Any, grads: Sequence[Tensor | None]) -> tuple[Tensor | None, ...]:
+        """The gradients of forward's arguments as if every source had been passed as its own tensor."""
+        if ctx.triton:
+            return _backward_triton(ctx, grads)
         if ctx.fused is not None:
             return _backward_c(ctx, grads)
         n, off, iu = ctx.n, ctx.off, ctx.iu
@@ -208,6 +228,28 @@ def _backward_c(ctx: Any, grads: Sequence[Tensor | None]) -> tuple[Tensor | None
     return (None, None, None, None, d_u, None, d_bias, d_prior, d_prior_lse, *d_keys, *d_values)
 
 
+def _forward_triton(ctx: Any, u: Tensor, rs: Tensor, bias: Tensor | None, prior: Tensor | None,
+                    prior_lse: Tensor | None, keys: Sequence[Tensor], values: Sequence[Tensor],
+                    n_sites: int) -> tuple[Tensor, ...]:
+    """:class:`_Attend`'s forward in the Triton kernel; saves the same tensors as the other paths."""
+    ks, vs = (None if t is None else t.reshape(-1) for t in _scale_tensors(ctx.scales, rs))
+    outs, lse, w, dots = gpu_kernel.forward(u, rs, bias, ks, vs, prior, prior_lse, keys, values, n_sites,
+                                            ctx.per_token)
+    return _save(ctx, u, rs, w, dots, keys, values, outs, lse)
+
+
+def _backward_triton(ctx: Any, grads: Sequence[Tensor | None]) -> tuple[Tensor | None, ...]:
+    """:class:`_Attend`'s backward in the Triton kernel."""
+    u, rs, w, dots, keys, values, outs = _saved(ctx)
+    n_sites, dt = w.shape[2], keys[0].dtype
+    g_out = [torch.zeros_like(keys[0]) if g is None else g.to(dt) for g in grads[:n_sites]]
+    ks, vs = (None if t is None else t.reshape(-1) for t in _scale_tensors(ctx.scales, rs))
+    d_u, d_bias, d_prior, d_prior_lse, d_keys, d_values = gpu_kernel.backward(
+        u, rs, w, dots, ks, vs, keys, values, outs, g_out, grads[n_sites], ctx.per_token, ctx.has_values,
+        bool(ctx.off), ctx.has_bias)
+    return (None, None, None, None, d_u, None, d_bias, d_prior, d_prior_lse, *d_keys, *d_values)
+
+
 def _save(ctx: Any, u: Tensor, rs: Tensor, w: Tensor, dots: Tensor, keys: Sequence[Tensor],
           values: Sequence[Tensor], outs: list[Tensor], lse: Tensor) -> tuple[Tensor, ...]:
     """Save what either backward reads (the same tensors on both paths); return the outputs."""
@@ -253,6 +295,14 @@ def attend(keys: Sequence[Tensor], u: Tensor, rs: Sequence[Tensor], *, values: S
     both = None
     if scales is not None:
         both = (tuple(scales), tuple(value_scales or scales) if values is not None else tuple(scales))
-    *outs, lse, w = _Attend.apply(len(keys), per_token, values is not None, both, u, torch.stack(list(rs), 1),
-                                  bias, p, p_lse, *keys, *(values or ()))
+    distinct: list[Tensor] = []
+    index = []
+    for t in (*keys, *(values or ())):
+        at = next((i for i, seen in enumerate(distinct) if seen is t), None)
+        if at is None:
+            at = len(distinct)
+            distinct.append(t)
+        index.append(at)
+    *outs, lse, w = _Attend.apply(len(keys), per_token, values is not None, both, tuple(index), u,
+                                  torch.stack(list(rs), 1), bias, p, p_lse, *distinct)
     return outs, lse, w

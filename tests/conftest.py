@@ -18,6 +18,9 @@ SHARED_TIKTOKEN = ROOT.parent / "shared" / "tiktoken"
 if "TIKTOKEN_CACHE_DIR" not in os.environ and SHARED_TIKTOKEN.is_dir():
     os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED_TIKTOKEN)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Triton kernels run in Triton's interpreter, on CPU tensors (read when Triton is imported); the GPU
+# check (`make gpu-check`) sets TRITON_INTERPRET=0 to run them compiled on CUDA
+os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Tests run side by side, one per core, each with its trainers: one compute thread per process. Two
@@ -172,14 +175,21 @@ def attnres(*args: str, check: bool = False, timeout: float = 600) -> subprocess
     return proc
 
 
-@pytest.fixture(params=["c", "pytorch"])
+@pytest.fixture(params=["c", "pytorch", "triton"])
 def kernel_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Both implementations of the depth-attention kernel: the C one (built here) and PyTorch's."""
+    """Every implementation of the depth-attention kernel: the C one (built here), PyTorch's, and the
+    Triton one (for GPUs; here in Triton's interpreter, on CPU tensors)."""
     import torch
 
-    from attnres import cpu_kernel
+    from attnres import cpu_kernel, gpu_kernel
 
-    if request.param == "pytorch":
+    if request.param == "triton":
+        pytest.importorskip("triton")  # (in the dev extra: `make test` installs it)
+        monkeypatch.setenv("ATTNRES_TRITON_KERNEL", "1")
+        device = os.environ.get("ATTNRES_TEST_DEVICE", "cpu")
+        probe = torch.zeros(1, dtype=torch.float64, device=device)
+        assert gpu_kernel.applies([probe]), "the Triton kernel is not taken"
+    elif request.param == "pytorch":
         monkeypatch.setenv("ATTNRES_CPU_KERNEL", "0")
     else:
         monkeypatch.delenv("ATTNRES_CPU_KERNEL", raising=False)

@@ -7,6 +7,8 @@ depth-attention parameter agree to a relative error below 1e-6.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from reference_depth import reference_forward
@@ -16,6 +18,7 @@ from attnres.residual import DepthAttention
 from attnres.variants import VARIANTS
 
 DEPTH = sorted(n for n, v in VARIANTS.items() if v.residual.kind == "depth")
+DEVICE = os.environ.get("ATTNRES_TEST_DEVICE", "cpu")  # cuda: the GPU check (`make gpu-check`)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -28,8 +31,10 @@ def build(name: str, n_steps: int, d: int, seed: int) -> tuple[DepthAttention, t
     with torch.no_grad():
         for p in res.parameters():
             p.add_(torch.randn_like(p) * 0.7)
-    emb = torch.randn(2, 5, d, dtype=torch.float64, requires_grad=True)
-    weights = [torch.nn.Parameter(torch.randn(d, d, dtype=torch.float64) / d ** 0.5) for _ in range(n_steps)]
+    res = res.to(DEVICE)
+    emb = torch.randn(2, 5, d, dtype=torch.float64).to(DEVICE).requires_grad_()
+    weights = [torch.nn.Parameter((torch.randn(d, d, dtype=torch.float64) / d ** 0.5).to(DEVICE))
+               for _ in range(n_steps)]
     steps = [lambda x, w=w: torch.tanh(x @ w) * 2.0 for w in weights]
     return res, emb, weights, steps
 
@@ -43,6 +48,8 @@ def grads_of(out: torch.Tensor, leaves: list[torch.Tensor]) -> list[torch.Tensor
 @pytest.mark.parametrize("name,n_steps", [*((n, s) for n in DEPTH for s in (7, 9)),
                                           ("full_attnres", 40), ("attnres_paper", 40)])  # many sources
 def test_kernel_matches_the_plain_reference_forward_and_gradients(name, n_steps, kernel_path):
+    if kernel_path == "triton" and (n_steps == 9 or (name == "full_attnres" and n_steps == 40)):
+        pytest.skip("Triton's interpreter is slow: 7 steps of each variant and attnres_paper's 40 cover it")
     res, emb, weights, steps = build(name, n_steps, d=8, seed=n_steps)
     leaves = [emb, *weights, *res.parameters()]
     fast = res(emb, steps)
@@ -70,6 +77,26 @@ def test_the_c_kernel_runs_when_enabled_and_not_when_disabled(monkeypatch):
     monkeypatch.setenv("ATTNRES_CPU_KERNEL", "0")
     res(emb, steps)
     assert not calls
+
+
+def test_the_triton_kernel_runs_when_asked_for_and_not_otherwise(monkeypatch):
+    """On CPU the Triton path is taken only when asked for (ATTNRES_TRITON_KERNEL=1, in the interpreter);
+    on CUDA tensors by default."""
+    pytest.importorskip("triton")
+    from attnres import gpu_kernel
+
+    calls = []
+    real = depth_attend._forward_triton
+    monkeypatch.setattr(depth_attend, "_forward_triton", lambda *a: calls.append(1) or real(*a))
+    res, emb, _, steps = build("block_hybrid_memory", 7, d=8, seed=1)
+    monkeypatch.setenv("ATTNRES_TRITON_KERNEL", "1")
+    res(emb, steps).sum().backward()
+    assert calls and cpu_kernel.status() == "triton (interpreter)"
+    calls.clear()
+    for setting in ("auto", "0"):
+        monkeypatch.setenv("ATTNRES_TRITON_KERNEL", setting)
+        res(emb, steps)
+        assert not calls and not gpu_kernel.applies([emb])
 
 
 def test_a_failed_build_falls_back_to_pytorch_with_one_warning(tmp_path, monkeypatch, caplog):
@@ -118,3 +145,18 @@ def test_bf16_autocast_training_step_runs_and_stays_close_to_float32(name):
     assert abs(float(loss) - float(ref)) < 0.05 * float(ref)
     grads = [p.grad for p in model.residual.parameters()]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("name", ["control_block", "block_hybrid_memory", "block_value_proj"])
+def test_torch_compile_traces_a_whole_model_on_the_triton_path_as_one_graph(name, monkeypatch):
+    """The Triton kernel is a custom op: torch.compile keeps the model one graph with no break (the
+    value-projection and hybrid variants pass a tensor as several sources: it goes in once)."""
+    pytest.importorskip("triton")
+    from attnres.model import GPT
+    from attnres.variants import resolve_run
+
+    monkeypatch.setenv("ATTNRES_TRITON_KERNEL", "1")
+    torch._dynamo.reset()
+    cfg = resolve_run(name, "tiny", 1, ["n_layer=4", "d_model=32", "n_head=2", "seq_len=16", "vocab_size=64"])
+    explained = torch._dynamo.explain(GPT(cfg.model))(torch.randint(0, 64, (2, 16)))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons

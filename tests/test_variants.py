@@ -389,3 +389,23 @@ def test_the_source_plan_is_what_the_forward_attends_to(name):
     model = tiny(name, n_layer=11)
     got = [list(zip(r.kinds, r.positions, strict=True)) for r in record(model, torch.randint(0, 97, (1, 3)))]
     assert got == depth_module(model).source_plan()
+
+
+def test_cuda_runs_compile_unless_turned_off_and_recorded_runs_keep_their_hashes():
+    """Compiling on CUDA by default changed no recorded run's hash (hashes from before the change);
+    `--set compile=false` opts out, on CUDA too, and is a cell of its own."""
+    import json
+
+    from attnres.config import RunConfig
+    from attnres.training.loop import compiles
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    default = resolve_run("standard", "tiny", 42)
+    assert default.config_hash == "bb101efde3a5"  # as runs recorded before this change have it
+    assert resolve_run("control_block", "paper500m", 7, ["compile=true"]).config_hash == "8f0fa7bffa2c"
+    assert compiles(default.train, cuda) and not compiles(default.train, cpu)
+    off = resolve_run("standard", "tiny", 42, ["compile=false"])
+    assert not compiles(off.train, cuda) and off.config_hash != default.config_hash
+    assert RunConfig.from_dict(json.loads(off.to_json())) == off  # a resumed opt-out stays one
+    forced = resolve_run("standard", "tiny", 42, ["compile=true"])
+    assert compiles(forced.train, cpu) and compiles(forced.train, cuda)

@@ -21,7 +21,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from attnres import checkpoint, paths
-from attnres.config import RunConfig
+from attnres.config import RunConfig, TrainConfig
 from attnres.data.loader import TokenShards, TrainLoader, eval_batches
 from attnres.logline import say
 from attnres.lr_schedule import lr_at
@@ -141,6 +141,11 @@ def evaluate(model: torch.nn.Module, shards: TokenShards, cfg: RunConfig, d: Dis
     return out | {"eval_loss": float(total[0] / total[1])}
 
 
+def compiles(tcfg: TrainConfig, device: torch.device) -> bool:
+    """Whether a run is trained through ``torch.compile``: on CUDA unless turned off, elsewhere if asked."""
+    return bool(tcfg.compile or (device.type == "cuda" and tcfg.compile_cuda))
+
+
 def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool = False,
           preemption: Preemption | None = None) -> Ending:
     """Train one run from its checkpoint folder ``ckpt`` (unless ``fresh``) to its last step, or an early end."""
@@ -154,11 +159,12 @@ def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool =
 
     raw_model = GPT(cfg.model).to(d.device)
     model = DistributedDataParallel(raw_model) if d.world > 1 else raw_model
-    if cfg.train.compile:
-        model = torch.compile(model)
     tcfg = cfg.train
+    compiled = compiles(tcfg, d.device)
+    if compiled:
+        model = torch.compile(model)
     optimizer = build_optimizer(raw_model, tcfg.lr, tcfg.weight_decay, (tcfg.beta1, tcfg.beta2),
-                                fused=d.device.type == "cuda", compiled=tcfg.compile)
+                                fused=d.device.type == "cuda", compiled=compiled)
     use_bf16 = tcfg.dtype == "bfloat16" or (tcfg.dtype == "auto" and d.device.type == "cuda")
 
     def autocast() -> AbstractContextManager:
@@ -172,6 +178,7 @@ def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool =
     if start == 0:
         recorder.record(0, **evaluate(model, eval_shards, cfg, d, autocast, raw_model.residual))
     t_last, steps_since = time.perf_counter(), 0
+    t_first = t_last
     for step in range(start, tcfg.steps):
         lr = lr_at(step, tcfg)
         for group in optimizer.param_groups:
@@ -193,6 +200,9 @@ def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool =
             return Ending(states.DIVERGED, done, f"non-finite loss or gradient at step {done}")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if compiled and step == start and d.is_rank0:
+            say(f"torch.compile: the first step took {time.perf_counter() - t_first:.1f} s, compilation included"
+                " (`--set compile=false` turns it off)")
         steps_since += 1
         last = done == tcfg.steps
         logged = done % tcfg.log_every == 0 or last

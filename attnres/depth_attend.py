@@ -113,7 +113,8 @@ class _Attend(torch.autograd.Function):
         head, flat = (got := _Attend.gradients(ctx, grads))[:9], got[9:]
         merged: list[Tensor | None] = [None] * ctx.n_distinct  # a tensor given as several sources: their sum
         for i, g in zip(ctx.index, flat, strict=True):
-            merged[i] = g if merged[i] is None or g is None else merged[i] + g
+            if g is not None:
+                merged[i] = g if merged[i] is None else merged[i] + g
         return (*head[:4], None, *head[4:], *merged)
 
     @staticmethod
@@ -241,8 +242,8 @@ def _forward_triton(ctx: Any, u: Tensor, rs: Tensor, bias: Tensor | None, prior:
 def _backward_triton(ctx: Any, grads: Sequence[Tensor | None]) -> tuple[Tensor | None, ...]:
     """:class:`_Attend`'s backward in the Triton kernel."""
     u, rs, w, dots, keys, values, outs = _saved(ctx)
-    n_sites, dt = w.shape[2], keys[0].dtype
-    g_out = [torch.zeros_like(keys[0]) if g is None else g.to(dt) for g in grads[:n_sites]]
+    n_sites = w.shape[2]
+    g_out = [torch.zeros_like(keys[0]) if g is None else g for g in grads[:n_sites]]  # (the op takes their dtype)
     ks, vs = (None if t is None else t.reshape(-1) for t in _scale_tensors(ctx.scales, rs))
     d_u, d_bias, d_prior, d_prior_lse, d_keys, d_values = gpu_kernel.backward(
         u, rs, w, dots, ks, vs, keys, values, outs, g_out, grads[n_sites], ctx.per_token, ctx.has_values,

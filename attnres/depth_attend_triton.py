@@ -23,7 +23,7 @@ def forward_kernel(k_tab, v_tab, k_like, v_like, u_ptr, rs_ptr, bias_ptr, ks_ptr
                    PER_TOKEN: tl.constexpr, SHARED_U: tl.constexpr, HAS_BIAS: tl.constexpr,
                    HAS_SCALES: tl.constexpr, HAS_PRIOR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     tile, s = tl.program_id(0), tl.program_id(1)
-    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = (tile * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)  # offsets past 2^31 elements
     rmask = rows < N
     cdt = rs_ptr.dtype.element_ty
     off = 1 if HAS_PRIOR else 0
@@ -59,9 +59,11 @@ def forward_kernel(k_tab, v_tab, k_like, v_like, u_ptr, rs_ptr, bias_ptr, ks_ptr
         m_run = m_new
     lse = m_run + tl.log(l_run)
     tl.store(lse_ptr + rows * S + s, lse, mask=rmask)
+    tl.debug_barrier()  # what one thread stored, another may read: the logits are in memory for all
     for k in range(n + off):  # the weights, from the logits kept in their place
         at = w_ptr + (rows * (n + off) + k) * S + s
         tl.store(at, tl.exp(tl.load(at, mask=rmask, other=0.0) - lse), mask=rmask)
+    tl.debug_barrier()
     op = _source(o_tab, s, k_like)
     for d0 in range(0, D, BLOCK_D):  # the mix, a chunk of d_model at a time
         cols = d0 + tl.arange(0, BLOCK_D)
@@ -101,7 +103,7 @@ def backward_kernel(k_tab, v_tab, g_tab, dk_tab, dv_tab, o_tab, k_like, v_like, 
                     HAS_VALUES: tl.constexpr, HAS_PRIOR: tl.constexpr, HAS_GLSE: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     tile = tl.program_id(0)
-    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = (tile * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)  # offsets past 2^31 elements
     rmask = rows < N
     cdt = rs_ptr.dtype.element_ty
     off = 1 if HAS_PRIOR else 0
@@ -115,6 +117,7 @@ def backward_kernel(k_tab, v_tab, g_tab, dk_tab, dv_tab, o_tab, k_like, v_like, 
             wk = tl.load(w_ptr + (rows * (n + off) + off + k) * S + s, mask=rmask, other=0.0)
             part += wk * g
             tl.store(dl_ptr + (rows * n + k) * S + s, g, mask=rmask)
+        tl.debug_barrier()  # the dots V_k . G stored above are read back below, maybe by other threads
         if HAS_PRIOR:  # out . G, the prior's share included
             total = _rowdot(o_tab, s, k_like, g_tab, s, rows, rmask, D, cdt, BLOCK_N, BLOCK_D)
         else:
@@ -136,6 +139,7 @@ def backward_kernel(k_tab, v_tab, g_tab, dk_tab, dv_tab, o_tab, k_like, v_like, 
                 gg = tl.load(gp + rows[:, None] * D + cols[None, :], mask=mask, other=0.0).to(cdt)
                 tl.store(d_prior_ptr + rows[:, None] * D + cols[None, :],
                          (gg * w0[:, None]).to(d_prior_ptr.dtype.element_ty), mask=mask)
+    tl.debug_barrier()  # every logit gradient is in memory before the sources' pass reads them
     # each source: its value gradient sum_s w_ks G_s and its key gradient through the norm and the query
     for k in range(n):
         ks = 1.0

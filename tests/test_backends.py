@@ -135,3 +135,19 @@ def test_the_monitor_judges_a_run_only_while_nobody_else_changes_it(tmp_path):
     assert LocalBackend().reconcile(engine, [seen]) == [] and store.status_of(engine, seen.id) == states.RUNNING
     store.update_run(engine, seen.id, pid=seen.pid)
     assert LocalBackend().reconcile(engine, [seen]) == [seen.id] and store.status_of(engine, seen.id) == states.FAILED
+
+
+def test_a_file_system_without_flock_leaves_the_spool_unserialised_not_stuck(tmp_path, monkeypatch):
+    """NFS mounted nolock (ENOLCK) or Lustre without flock (ENOSYS): runs go on as before the lock existed."""
+    import errno
+    import fcntl
+
+    from attnres.tracking import spool
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    for wait in (True, False):
+        with spool.held(tmp_path / "run.spool.jsonl", wait=wait) as ours:
+            assert ours

@@ -121,7 +121,8 @@ def held(spool: Path, wait: bool = True) -> Iterator[bool]:
     attempt's lines could land on the next attempt (its pid and start time replayed over the new
     ones, and the run then called dead). An flock on ``<spool>.lock`` serialises them; the trainer's
     own appends need no lock. Yields whether to go on: False only when ``wait`` is off and another
-    process holds it. Where the lock file cannot be made (a full or read-only disk), True, unserialised.
+    process holds it. Where the lock file cannot be made (a full or read-only disk) or its file system
+    has no flock, True, unserialised.
     """
     try:
         fh = Path(f"{spool}.lock").open("ab")
@@ -133,6 +134,9 @@ def held(spool: Path, wait: bool = True) -> Iterator[bool]:
             fcntl.flock(fh, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             yield False
+            return
+        except OSError:  # a file system without flock (NFS mounted nolock, some Lustre): unserialised, as before
+            yield True
             return
         yield True
 

@@ -83,9 +83,14 @@ class MetricWriter:
     def _write(self, data: bytes) -> None:
         try:
             if self._fd is None:
-                self._fd = os.open(self.spool, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                if os.fstat(self._fd).st_size and not _ends_with_newline(self.spool):  # an earlier attempt was cut
-                    data = b"\n" + data
+                fd = os.open(self.spool, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                try:
+                    if os.fstat(fd).st_size and not _ends_with_newline(self.spool):  # an earlier attempt was cut
+                        data = b"\n" + data
+                except OSError:
+                    os.close(fd)
+                    raise
+                self._fd = fd
             while data:
                 data = data[os.write(self._fd, data):]
         except OSError as exc:  # disk full, unwritable folder: keep rows in memory, keep training
@@ -181,7 +186,10 @@ class MetricWriter:
         self.wake.set()
         self.thread.join(timeout)
         if self._fd is not None:
-            os.close(self._fd)
+            try:
+                os.close(self._fd)
+            except OSError:  # a delayed write error (NFS): what it held is in memory and in the database
+                pass
             self._fd = None
         if ok and self.spool.exists():
             try:

@@ -35,13 +35,18 @@ def _reopen(engine: Engine, run_id: int, **fields: object) -> states.Outcome:
     """
     path = store.spool_path(store.get_run(engine, run_id))
     with spool.held(path):
-        if path.exists() and path.stat().st_size:
-            try:
-                spool.ingest(engine, path)
-            except AttnresError as exc:
-                raise AttnresError(f"run {run_id}: {exc}") from None
+        _record_spool(engine, run_id, path)
         return states.transition(engine, run_id, states.QUEUED, states.LAUNCHER, **_REOPENED, job_id=None,
                                  **fields)
+
+
+def _record_spool(engine: Engine, run_id: int, path: Path) -> None:
+    """Ingest a run's spool (a spool the database cannot take is one clear error naming the run)."""
+    if path.exists() and path.stat().st_size:
+        try:
+            spool.ingest(engine, path)
+        except AttnresError as exc:
+            raise AttnresError(f"run {run_id}: {exc}") from None
 
 
 def enqueue(engine: Engine, cells: Sequence[PlannedRun], req: LaunchRequest) -> list[int]:
@@ -110,6 +115,10 @@ def reopen(engine: Engine, run_ids: Sequence[int], restart: bool = False) -> int
         if (r.backend or "local") != "local":
             raise AttnresError(f"run {r.id} ran on {r.backend}: launch its grid again with --backend {r.backend}, "
                                "which continues it from its checkpoint")
+    for r in runs:  # every spool first: a refusal then leaves no run reopened with nothing to start it
+        path = store.spool_path(r)
+        with spool.held(path):
+            _record_spool(engine, r.id, path)
     for r in runs:
         try:
             reopened = _reopen(engine, r.id)

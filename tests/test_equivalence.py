@@ -201,3 +201,22 @@ def test_the_triton_kernel_tiles_tokens_and_channels_as_the_pytorch_path_compute
 
     for got, want in zip(run("triton"), run("pytorch"), strict=True):
         assert rel_err(got, want) < 1e-12
+
+
+def test_the_triton_kernel_checks_itself_once_per_device_and_a_failing_one_is_not_used(monkeypatch, capfd):
+    """Before its first real call on a device the kernel is compared with the PyTorch path on a small
+    problem; one that fails there (here: a launch with no channel block) leaves depth attention on the
+    PyTorch path, with one line saying so, and training goes on."""
+    pytest.importorskip("triton")
+    from attnres import gpu_kernel
+
+    monkeypatch.setenv("ATTNRES_TRITON_KERNEL", "1")
+    gpu_kernel._checked.cache_clear()
+    assert gpu_kernel.self_check(torch.device(DEVICE)) < 1e-5
+    assert gpu_kernel.applies([torch.zeros(1, device=DEVICE)])
+    gpu_kernel._checked.cache_clear()
+    monkeypatch.setattr(gpu_kernel, "BLOCK_D", 0)
+    res, emb, _, steps = build("control_block", 7, d=8, seed=1)
+    res(emb, steps).sum().backward()  # trains, on the PyTorch path
+    assert not gpu_kernel.applies([emb]) and "using the PyTorch path" in capfd.readouterr().err
+    gpu_kernel._checked.cache_clear()

@@ -129,10 +129,6 @@ def kernel(tensors: list[Tensor]) -> tuple[object, object] | None:
 
 def status() -> str:
     """Which path CPU depth attention takes here, in words (for ``attnres bench``)."""
-    from attnres import gpu_kernel
-
-    if gpu_kernel.applies([torch.zeros(1)]):  # asked for on CPU, in Triton's interpreter
-        return "triton (interpreter)"
     if not enabled():
         return "pytorch (ATTNRES_CPU_KERNEL=0)"
     return "c" if _load(torch.float32) is not None else "pytorch (no C kernel: see the warning above)"

@@ -35,6 +35,7 @@ against the same reference.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 from typing import Any
 
 import torch
@@ -42,6 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnres import cpu_kernel, gpu_kernel
+from attnres.logline import say
 
 
 def rms_rsqrt(x: Tensor, eps: float, scale: float = 1.0) -> Tensor:
@@ -78,7 +80,7 @@ class _Attend(torch.autograd.Function):
         ctx.scales = scales
         ctx.has_bias = bias is not None
         given = [u, rs, *flat, *(t for t in (bias, prior, prior_lse) if t is not None)]
-        ctx.triton = gpu_kernel.applies(given)
+        ctx.triton = gpu_kernel.applies(given) and (gpu_kernel.is_forced() or _triton_trusted(str(u.device)))
         ctx.fused = None if ctx.triton else cpu_kernel.kernel(given)
         if ctx.triton:
             return _forward_triton(ctx, u, rs, bias, prior, prior_lse, keys, values, n_sites)
@@ -307,3 +309,82 @@ def attend(keys: Sequence[Tensor], u: Tensor, rs: Sequence[Tensor], *, values: S
     *outs, lse, w = _Attend.apply(len(keys), per_token, values is not None, both, tuple(index), u,
                                   torch.stack(list(rs), 1), bias, p, p_lse, *distinct)
     return outs, lse, w
+
+
+# -- the Triton kernel's self-check ------------------------------------------------------------------
+@torch.compiler.assume_constant_result
+def _triton_trusted(device: str) -> bool:
+    """Whether the Triton kernel passed its self-check on ``device`` (a constant to ``torch.compile``,
+    computed eagerly, not traced)."""
+    return _triton_checked(device)
+
+
+@cache
+def _triton_checked(device: str) -> bool:
+    """Check the Triton kernel once per device and process, before its first real call there. One that
+    does not build on this GPU, or disagrees with the PyTorch path, is not used: one line says so, and
+    depth attention takes the PyTorch path."""
+    try:
+        err = triton_self_check(torch.device(device))
+    except Exception as exc:  # noqa: BLE001 - a compiler or driver failure: the PyTorch path instead
+        say(f"attnres: the Triton depth-attention kernel failed on {device} ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); using the PyTorch path", err=True)
+        return False
+    if not err < 1e-4:
+        say(f"attnres: the Triton depth-attention kernel disagrees with the PyTorch path on {device} "
+            f"(relative error {err:.1e}); using the PyTorch path", err=True)
+        return False
+    return True
+
+
+def triton_self_check(device: torch.device) -> float:
+    """The largest relative difference between the Triton and the other path over outputs, log-sum-exps
+    and every gradient, for float32 calls with shared and per-source queries, ALiBi bias, scales,
+    per-token queries and a prior merged with projected values (37 tokens, 80 channels: several token
+    tiles and channel chunks, both ends masked)."""
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> Tensor:
+        return torch.randn(*shape, generator=gen).to(device)
+
+    n_tok, d, n = 37, 80, 3
+    calls = [{"u": rand(1, 2, d)}, {"u": rand(n, 2, d), "bias": rand(n, 2), "scales": [0.5, 1.0, 1 / 3]},
+             {"u": rand(1, n_tok, d), "per_token": True},
+             {"u": rand(1, 1, d), "values": [rand(n_tok, d) for _ in range(n)], "prior": (rand(n_tok, d), rand(n_tok))}]
+    keys, worst = [rand(n_tok, d) for _ in range(n)], 0.0
+    for call in calls:
+        leaves = [t for t in (*keys, call["u"], *call.get("values", ()), call.get("bias"), *call.get("prior", ()))
+                  if t is not None]
+        results = []
+        for triton in (False, True):
+            xs = [t.detach().clone().requires_grad_() for t in leaves]
+            it = iter(xs)
+            ks, args = [next(it) for _ in keys], dict(call)
+            args["u"] = next(it)
+            if "values" in call:
+                args["values"] = [next(it) for _ in call["values"]]
+            if "bias" in call:
+                args["bias"] = next(it)
+            if "prior" in call:
+                args["prior"] = (next(it), next(it))
+            # (the first real call may come from inside an autograd forward, where grad mode is off)
+            with gpu_kernel.forced(triton), torch.enable_grad():
+                outs, lse, _ = attend(ks, rs=[rms_rsqrt(k, 1e-6) for k in ks], **args)
+                probe = torch.Generator().manual_seed(1)
+                loss = sum((o * torch.randn(o.shape, generator=probe).to(device)).sum() for o in outs) + lse.sum()
+                results.append([t.detach() for t in (*outs, lse, *torch.autograd.grad(loss, xs))])
+        for want, got in zip(*results, strict=True):
+            worst = max(worst, float((got - want).norm() / want.norm().clamp_min(1e-30)))
+    return worst
+
+
+def kernel_path(device: str) -> str:
+    """The path depth attention takes on ``device`` here, in words (for ``attnres bench``)."""
+    probe = torch.zeros(1, device=device)
+    if gpu_kernel.applies([probe]):
+        if not _triton_trusted(str(probe.device)):
+            return "pytorch (the Triton kernel failed its self-check: see above)"
+        return "triton (interpreter)" if device == "cpu" else "triton"
+    if device == "cpu":
+        return cpu_kernel.status()
+    return "pytorch" if gpu_kernel.installed() else "pytorch (triton not installed)"

@@ -23,13 +23,12 @@ imported), on CPU tensors in float32, float64 and bfloat16: that is how the test
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from functools import cache
 
 import torch
 from torch import Tensor
-
-from attnres.logline import say
 
 BLOCK_N, BLOCK_D = 16, 64
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -53,87 +52,35 @@ def _kernels() -> tuple[object, object] | None:
     return jit.forward_kernel, jit.backward_kernel
 
 
-_force: bool | None = None  # set while the self-check runs both paths
+_force: bool | None = None  # set while a self-check runs both paths (attnres.depth_attend.triton_self_check)
 
 
 @torch.compiler.assume_constant_result
-def usable(device: str) -> bool:
-    """Whether the kernels can be had and passed their self-check on ``device`` (a constant to
-    ``torch.compile``, computed eagerly, not traced)."""
-    return _checked(device)
+def installed() -> bool:
+    """Whether the kernels can be had (Triton imports); a constant to ``torch.compile``, not traced."""
+    return _kernels() is not None
 
 
-@cache
-def _checked(device: str) -> bool:
-    """Check the kernels once per device and process before the first real call: forward and every
-    gradient of a small problem with every feature (several token tiles and ``d_model`` chunks) against
-    the PyTorch path. A kernel that does not build on this GPU, or disagrees, is not used: one line
-    says so, and depth attention takes the PyTorch path."""
-    if _kernels() is None:
-        return False
-    try:
-        err = self_check(torch.device(device))
-    except Exception as exc:  # noqa: BLE001 - a compiler or driver failure: the PyTorch path instead
-        say(f"attnres: the Triton depth-attention kernel failed on {device} ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); using the PyTorch path", err=True)
-        return False
-    if not err < 1e-4:
-        say(f"attnres: the Triton depth-attention kernel disagrees with the PyTorch path on {device} "
-            f"(relative error {err:.1e}); using the PyTorch path", err=True)
-        return False
-    return True
+def is_forced() -> bool:
+    """Whether a self-check is choosing the path for every call now (see :func:`forced`)."""
+    return _force is not None
 
 
-def self_check(device: torch.device) -> float:
-    """The largest relative difference between the Triton and PyTorch paths over outputs, log-sum-exps and
-    every gradient, for float32 calls with shared and per-source queries, ALiBi bias, scales, per-token
-    queries and a prior merged with projected values (37 tokens, 80 channels: tiles and chunks masked)."""
-    from attnres.depth_attend import attend, rms_rsqrt
-
+@contextmanager
+def forced(on: bool) -> Iterator[None]:
+    """Every call takes (``on``) or avoids the Triton path meanwhile: the self-check runs both."""
     global _force
-    gen = torch.Generator().manual_seed(0)
-
-    def rand(*shape: int) -> Tensor:
-        return torch.randn(*shape, generator=gen).to(device)
-
-    n_tok, d, n = 37, 80, 3
-    calls = [dict(u=rand(1, 2, d)), dict(u=rand(n, 2, d), bias=rand(n, 2), scales=[0.5, 1.0, 1 / 3]),
-             dict(u=rand(1, n_tok, d), per_token=True),
-             dict(u=rand(1, 1, d), values=[rand(n_tok, d) for _ in range(n)], prior=(rand(n_tok, d), rand(n_tok)))]
-    keys, worst = [rand(n_tok, d) for _ in range(n)], 0.0
-    for call in calls:
-        leaves = [t for t in (*keys, call["u"], *call.get("values", ()), call.get("bias"), *call.get("prior", ()))
-                  if t is not None]
-        results = []
-        for triton in (False, True):
-            xs = [t.detach().clone().requires_grad_() for t in leaves]
-            it = iter(xs)
-            ks, args = [next(it) for _ in keys], dict(call)
-            args["u"] = next(it)
-            if "values" in call:
-                args["values"] = [next(it) for _ in call["values"]]
-            if "bias" in call:
-                args["bias"] = next(it)
-            if "prior" in call:
-                args["prior"] = (next(it), next(it))
-            _force = triton
-            try:  # (the first real call may come from inside an autograd forward)
-                with torch.enable_grad():  # (the first real call may come from inside an autograd forward)
-                    outs, lse, _ = attend(ks, rs=[rms_rsqrt(k, 1e-6) for k in ks], **args)
-                    probe = torch.Generator().manual_seed(1)
-                    loss = sum((o * torch.randn(o.shape, generator=probe).to(device)).sum() for o in outs) + lse.sum()
-                    results.append([t.detach() for t in (*outs, lse, *torch.autograd.grad(loss, xs))])
-            finally:
-                _force = None
-        for want, got in zip(*results, strict=True):
-            worst = max(worst, float((got - want).norm() / want.norm().clamp_min(1e-30)))
-    return worst
+    _force = on
+    try:
+        yield
+    finally:
+        _force = None
 
 
 def applies(tensors: Sequence[Tensor]) -> bool:
-    """Whether this call takes the Triton path: asked for (or ``auto`` on CUDA), Triton importable and
-    checked on this device, every tensor on one device and of a dtype the kernels take; CPU tensors only
-    in the interpreter."""
+    """Whether this call may take the Triton path: asked for (or ``auto`` on CUDA), Triton importable,
+    every tensor on one device and of a dtype the kernels take; CPU tensors only in the interpreter.
+    (:mod:`attnres.depth_attend` also has the kernel pass its self-check on the device first.)"""
     if _force is not None:
         return _force
     want = requested()
@@ -147,16 +94,7 @@ def applies(tensors: Sequence[Tensor]) -> bool:
             return False
     elif device.type != "cuda":
         return False
-    return usable(str(device))
-
-
-def status(device: str) -> str:
-    """The path depth attention takes on ``device`` here, in words (for ``attnres bench``)."""
-    if device == "cuda" and requested() != "0" and _kernels() is not None:
-        return "triton" if usable("cuda") else "pytorch (the Triton kernel failed its self-check: see above)"
-    if device == "cuda":
-        return "pytorch (triton not installed)" if _kernels() is None else "pytorch (ATTNRES_TRITON_KERNEL=0)"
-    return ""
+    return installed()
 
 
 def _table(tensors: Sequence[Tensor], device: torch.device) -> Tensor:

@@ -91,7 +91,7 @@ def test_the_triton_kernel_runs_when_asked_for_and_not_otherwise(monkeypatch):
     res, emb, _, steps = build("block_hybrid_memory", 7, d=8, seed=1)
     monkeypatch.setenv("ATTNRES_TRITON_KERNEL", "1")
     res(emb, steps).sum().backward()
-    assert calls and cpu_kernel.status() == "triton (interpreter)"
+    assert calls and depth_attend.kernel_path("cpu") == "triton (interpreter)"
     calls.clear()
     for setting in ("auto", "0"):
         monkeypatch.setenv("ATTNRES_TRITON_KERNEL", setting)
@@ -211,12 +211,15 @@ def test_the_triton_kernel_checks_itself_once_per_device_and_a_failing_one_is_no
     from attnres import gpu_kernel
 
     monkeypatch.setenv("ATTNRES_TRITON_KERNEL", "1")
-    gpu_kernel._checked.cache_clear()
-    assert gpu_kernel.self_check(torch.device(DEVICE)) < 1e-5
-    assert gpu_kernel.applies([torch.zeros(1, device=DEVICE)])
-    gpu_kernel._checked.cache_clear()
+    depth_attend._triton_checked.cache_clear()
+    assert depth_attend.triton_self_check(torch.device(DEVICE)) < 1e-5
+    assert depth_attend.kernel_path(DEVICE).startswith("triton")
+    depth_attend._triton_checked.cache_clear()
     monkeypatch.setattr(gpu_kernel, "BLOCK_D", 0)
-    res, emb, _, steps = build("control_block", 7, d=8, seed=1)
-    res(emb, steps).sum().backward()  # trains, on the PyTorch path
-    assert not gpu_kernel.applies([emb]) and "using the PyTorch path" in capfd.readouterr().err
-    gpu_kernel._checked.cache_clear()
+    try:
+        res, emb, _, steps = build("control_block", 7, d=8, seed=1)
+        res(emb, steps).sum().backward()  # trains, on the PyTorch path
+        assert "using the PyTorch path" in capfd.readouterr().err
+        assert depth_attend.kernel_path(DEVICE).startswith("pytorch (the Triton kernel failed its self-check")
+    finally:
+        depth_attend._triton_checked.cache_clear()  # (the verdict is kept per process: not for the next test)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnres import cpu_kernel, gpu_kernel
+from attnres import depth_attend
 from attnres.errors import AttnresError
 from attnres.model import GPT
 from attnres.optim import build_optimizer
@@ -146,7 +146,7 @@ def bench_models(variants: list[str], preset: str = "bench", steps: int = 10, wa
                 ratios[c.name].append((prev + nxt) / 2 / dt)
             prev = nxt
     tokens = batch * seq
-    path = cpu_kernel.status() if dev.type == "cpu" else gpu_kernel.status(dev.type) or "pytorch"
+    path = depth_attend.kernel_path(dev.type)
     rows = []
     for c in contenders:
         tps = tokens / statistics.median(c.times)

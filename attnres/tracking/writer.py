@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 from sqlalchemy import Engine
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from attnres.errors import AttnresError
 from attnres.logline import say
@@ -33,6 +34,11 @@ def _ends_with_newline(path: Path) -> bool:
     with path.open("rb") as fh:
         fh.seek(-1, os.SEEK_END)
         return fh.read(1) == b"\n"
+
+
+def _transient(exc: Exception | None) -> bool:
+    """A write refused for a moment: the database locked by another writer (SQLite) past the busy timeout."""
+    return isinstance(exc, OperationalError) and any(w in str(exc).lower() for w in ("locked", "busy"))
 
 
 PROGRESS = frozenset({"step", "heartbeat_at"})  # bookkeeping a later line's flush may carry to the OS
@@ -53,6 +59,7 @@ class MetricWriter:
         self.refused: list[tuple[str, str | None]] = []  # (asked, what the run was): an end decided elsewhere
         self.spool_ok = True
         self.failures = 0
+        self.last_error: Exception | None = None  # of the last failed write (a lock is worth another try)
         self.wake = threading.Event()
         self.done = threading.Event()
         self.idle = threading.Event()
@@ -168,13 +175,27 @@ class MetricWriter:
                 self._write(line.encode())
 
     def flush(self, timeout: float = 60.0) -> bool:
-        """Write everything now; True if the database holds it all."""
+        """Write everything now; True if the database holds it all.
+
+        A write already under way when this is called may have taken its rows before the last ones came,
+        and a database locked by another writer past its busy timeout is a moment's refusal: both are
+        written again, until ``timeout``. Any other failure (database gone, read-only) answers at once.
+        """
+        deadline = time.monotonic() + timeout
         self._flush_spool()
-        self.idle.clear()
-        self.wake.set()
-        self.idle.wait(timeout)
-        with self.lock:
-            return not (self.pending or self.fields or self.moves or self.drops) and self.failures == 0
+        while True:
+            self.idle.clear()
+            self.wake.set()
+            self.idle.wait(max(0.0, deadline - time.monotonic()))
+            with self.lock:
+                left = bool(self.pending or self.fields or self.moves or self.drops)
+                failed, transient = self.failures > 0, _transient(self.last_error)
+            if not left and not failed:
+                return True
+            if (failed and not transient) or time.monotonic() >= deadline:
+                return False
+            if failed:
+                time.sleep(min(self.interval, 0.2))
 
     def close(self, timeout: float = 60.0) -> bool:
         """Write everything, stop, and empty the spool once the database is confirmed to hold it all.
@@ -249,6 +270,7 @@ class MetricWriter:
                 say(f"attnres: database write failed ({str(exc).splitlines()[0][:200]}); spooling to {self.spool}",
                     err=True)
             self.failures += 1
+            self.last_error = exc
             return
         with self.lock:
             self.failures = 0

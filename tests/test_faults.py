@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 import shutil
@@ -153,11 +154,13 @@ def test_read_only_database_at_launch_is_one_line_and_unchanged(workdir, chattr_
     get_engine(str(db)).dispose()
     files = [db, workdir / "runs.db-wal", workdir / "runs.db-shm"]
     before = sha(db)
+    gc.disable()  # (as below)
     immutable(files, True)
     try:
         proc = attnres("launch", "standard", "--seeds", "1", "--steps", "2", *FAST)
     finally:
         immutable(files, False)
+        gc.enable()
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert "readonly" in proc.stderr.replace("read-only", "readonly")
     assert sha(db) == before
@@ -173,11 +176,13 @@ def test_database_made_read_only_mid_run_spools_then_sync_completes(workdir, cha
     try:
         wait_for(lambda: db.exists() and len(train_steps(db)) >= 3)
         trainer.send_signal(signal.SIGSTOP)
+        gc.disable()  # a connection of this process closed meanwhile would write to the immutable -shm (SIGBUS)
         immutable(files, True)
         trainer.send_signal(signal.SIGCONT)
         out, err = trainer.communicate(timeout=300)
     finally:
         immutable(files, False)
+        gc.enable()
     assert trainer.returncode == 0, err
     assert "database write failed" in err and "attnres sync" in out
     attnres("sync", check=True)

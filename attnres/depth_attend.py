@@ -165,7 +165,6 @@ class _Attend(torch.autograd.Function):
         if ks is not None:
             alpha, coef = alpha * ks, coef * ks[:, :, 0].pow(2)
         wv = wk if vs is None else wk * vs
-        d_u = torch.zeros_like(u)
         d_keys, d_values = [], []
         for k in range(n):
             i = iu[k]
@@ -175,19 +174,16 @@ class _Attend(torch.autograd.Function):
             # ... into which the key terms go too, unless keys and values are different tensors
             dk = torch.mul(keys[k], coef[:, k, None]) if ctx.has_values else dv.addcmul_(keys[k], coef[:, k, None])
             ddt = dk.dtype  # may be wider than the keys (bf16 sources, float32 embedding)
-            key = keys[k].to(u.dtype)  # the query's gradient is summed over tokens: never in bf16
             if ctx.per_token:
                 dk.addcmul_(u[i].to(ddt), alpha[:, k].to(ddt))
-                d_u[i].addcmul_(key, alpha[:, k].to(u.dtype))
             elif n_sites == 1:  # outer product: a K=1 GEMM is slow on CPU
                 dk.addr_(alpha[:, k, 0].to(ddt), u[i, 0].to(ddt))
-                d_u[i, 0] += torch.mv(key.t(), alpha[:, k, 0].to(u.dtype))
             else:
                 dk.addmm_(alpha[:, k].to(ddt), u[i].to(ddt))
-                d_u[i] += alpha[:, k].t().to(u.dtype) @ key
             d_keys.append(dk)
             if ctx.has_values:
                 d_values.append(dv)
+        d_u = _query_grad(u, keys, alpha, iu, ctx.per_token)
         return (None, None, None, None, d_u, None, d_bias, d_prior, d_prior_lse, *d_keys, *d_values)
 
 
@@ -235,22 +231,45 @@ def _forward_triton(ctx: Any, u: Tensor, rs: Tensor, bias: Tensor | None, prior:
                     prior_lse: Tensor | None, keys: Sequence[Tensor], values: Sequence[Tensor],
                     n_sites: int) -> tuple[Tensor, ...]:
     """:class:`_Attend`'s forward in the Triton kernel; saves the same tensors as the other paths."""
-    ks, vs = (None if t is None else t.reshape(-1) for t in _scale_tensors(ctx.scales, rs))
+    ks, vs = (_flat(t) for t in _scale_tensors(ctx.scales, rs))
     outs, lse, w, dots = gpu_kernel.forward(u, rs, bias, ks, vs, prior, prior_lse, keys, values, n_sites,
                                             ctx.per_token)
     return _save(ctx, u, rs, w, dots, keys, values, outs, lse)
 
 
 def _backward_triton(ctx: Any, grads: Sequence[Tensor | None]) -> tuple[Tensor | None, ...]:
-    """:class:`_Attend`'s backward in the Triton kernel."""
+    """:class:`_Attend`'s backward in the Triton kernel (the sums over tokens, for the query and the
+    bias, from the logits' gradients it gives, as the PyTorch path makes them)."""
     u, rs, w, dots, keys, values, outs = _saved(ctx)
     n_sites = w.shape[2]
     g_out = [torch.zeros_like(keys[0]) if g is None else g for g in grads[:n_sites]]  # (the op takes their dtype)
-    ks, vs = (None if t is None else t.reshape(-1) for t in _scale_tensors(ctx.scales, rs))
-    d_u, d_bias, d_prior, d_prior_lse, d_keys, d_values = gpu_kernel.backward(
-        u, rs, w, dots, ks, vs, keys, values, outs, g_out, grads[n_sites], ctx.per_token, ctx.has_values,
-        bool(ctx.off), ctx.has_bias)
+    ks, vs = _scale_tensors(ctx.scales, rs)
+    d_logit, d_prior, d_prior_lse, d_keys, d_values = gpu_kernel.backward(
+        u, rs, w, dots, _flat(ks), _flat(vs), keys, values, outs, g_out, grads[n_sites], ctx.per_token,
+        ctx.has_values, bool(ctx.off))
+    alpha = d_logit * rs[:, :, None] if ks is None else d_logit * rs[:, :, None] * ks
+    d_bias = d_logit.sum(0) if ctx.has_bias else None
+    d_u = _query_grad(u, keys, alpha, ctx.iu, ctx.per_token)
     return (None, None, None, None, d_u, None, d_bias, d_prior, d_prior_lse, *d_keys, *d_values)
+
+
+def _query_grad(u: Tensor, keys: Sequence[Tensor], alpha: Tensor, iu: Sequence[int], per_token: bool) -> Tensor:
+    """The effective queries' gradient, a sum over tokens: ``alpha`` (N, n, S) is d loss / d (K . u)."""
+    d_u = torch.zeros_like(u)
+    for k, i in enumerate(iu):
+        key = keys[k].to(u.dtype)  # summed over tokens: never in bf16
+        if per_token:
+            d_u[i].addcmul_(key, alpha[:, k].to(u.dtype))
+        elif alpha.shape[2] == 1:  # a matrix-vector product: a K=1 GEMM is slow on CPU
+            d_u[i, 0] += torch.mv(key.t(), alpha[:, k, 0].to(u.dtype))
+        else:
+            d_u[i] += alpha[:, k].t().to(u.dtype) @ key
+    return d_u
+
+
+def _flat(scale: Tensor | None) -> Tensor | None:
+    """A (1, n, 1) scale tensor as the kernels read it, (n,)."""
+    return None if scale is None else scale.reshape(-1)
 
 
 def _save(ctx: Any, u: Tensor, rs: Tensor, w: Tensor, dots: Tensor, keys: Sequence[Tensor],
@@ -337,15 +356,15 @@ def _triton_checked(device: str) -> bool:
     return True
 
 
-def triton_self_check(device: torch.device) -> float:
+def triton_self_check(device: torch.device, dtype: torch.dtype = torch.float32) -> float:
     """The largest relative difference between the Triton and the other path over outputs, log-sum-exps
-    and every gradient, for float32 calls with shared and per-source queries, ALiBi bias, scales,
+    and every gradient, for calls (float32 by default) with shared and per-source queries, ALiBi bias, scales,
     per-token queries and a prior merged with projected values (37 tokens, 80 channels: several token
     tiles and channel chunks, both ends masked)."""
     gen = torch.Generator().manual_seed(0)
 
     def rand(*shape: int) -> Tensor:
-        return torch.randn(*shape, generator=gen).to(device)
+        return torch.randn(*shape, generator=gen, dtype=dtype).to(device)
 
     n_tok, d, n = 37, 80, 3
     calls = [{"u": rand(1, 2, d)}, {"u": rand(n, 2, d), "bias": rand(n, 2), "scales": [0.5, 1.0, 1 / 3]},
@@ -371,7 +390,8 @@ def triton_self_check(device: torch.device) -> float:
             with gpu_kernel.forced(triton), torch.enable_grad():
                 outs, lse, _ = attend(ks, rs=[rms_rsqrt(k, 1e-6) for k in ks], **args)
                 probe = torch.Generator().manual_seed(1)
-                loss = sum((o * torch.randn(o.shape, generator=probe).to(device)).sum() for o in outs) + lse.sum()
+                loss = sum((o * torch.randn(o.shape, generator=probe, dtype=dtype).to(device)).sum() for o in outs)
+                loss = loss + lse.sum()
                 results.append([t.detach() for t in (*outs, lse, *torch.autograd.grad(loss, xs))])
         for want, got in zip(*results, strict=True):
             worst = max(worst, float((got - want).norm() / want.norm().clamp_min(1e-30)))

@@ -117,6 +117,8 @@ def forward(u: Tensor, rs: Tensor, bias: Tensor | None, ks: Tensor | None, vs: T
 def _forward_op(keys: list[Tensor], values: list[Tensor], u: Tensor, rs: Tensor, bias: Tensor | None,
                 ks: Tensor | None, vs: Tensor | None, prior: Tensor | None, prior_lse: Tensor | None, n_sites: int,
                 per_token: bool) -> tuple[list[Tensor], Tensor, Tensor, Tensor]:
+    import triton  # (importable: _kernels() found it)
+
     fwd, _ = _kernels()
     has_prior = prior is not None
     n, (big_n, d), off = len(keys), keys[0].shape, int(has_prior)
@@ -129,11 +131,11 @@ def _forward_op(keys: list[Tensor], values: list[Tensor], u: Tensor, rs: Tensor,
     dummy = rs.new_empty(1)
     device = keys[0].device
     k_tab, v_tab, o_tab = _table(keys, device), _table(values, device), _table(outs, device)
-    grid = (triton_cdiv(big_n, BLOCK_N), n_sites)
+    grid = (triton.cdiv(big_n, BLOCK_N), n_sites)
     fwd[grid](k_tab, v_tab, keys[0], values[0], u, rs, _or(bias, dummy), _or(ks, dummy), _or(vs, dummy),
               _or(prior, keys[0]), _or(prior_lse, dummy), o_tab, lse, w, dots, big_n, d, n, n_sites,
               PER_TOKEN=per_token, SHARED_U=u.shape[0] == 1, HAS_BIAS=bias is not None, HAS_SCALES=ks is not None,
-              HAS_PRIOR=has_prior, BLOCK_N=BLOCK_N, BLOCK_D=min(BLOCK_D, triton_next_pow2(d)))
+              HAS_PRIOR=has_prior, BLOCK_N=BLOCK_N, BLOCK_D=min(BLOCK_D, triton.next_power_of_2(d)))
     return outs, lse, w, dots
 
 
@@ -149,28 +151,15 @@ def _(keys: list[Tensor], values: list[Tensor], u: Tensor, rs: Tensor, bias: Ten
 
 def backward(u: Tensor, rs: Tensor, w: Tensor, dots: Tensor, ks: Tensor | None, vs: Tensor | None,
              keys: Sequence[Tensor], values: Sequence[Tensor], outs: Sequence[Tensor], g_out: Sequence[Tensor],
-             g_lse: Tensor | None, per_token: bool, has_values: bool, has_prior: bool, has_bias: bool,
-             ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None, list[Tensor], list[Tensor]]:
-    """(d_u, d_bias, d_prior, d_prior_lse, d_keys, d_values), as the PyTorch path's (the kernel's part
-    through the custom op ``attnres::depth_attend_backward``)."""
-    n, cdt = len(keys), w.dtype
+             g_lse: Tensor | None, per_token: bool, has_values: bool, has_prior: bool,
+             ) -> tuple[Tensor, Tensor | None, Tensor | None, list[Tensor], list[Tensor]]:
+    """(d_logit (N, n, S), d_prior, d_prior_lse, d_keys, d_values) through the custom op
+    ``attnres::depth_attend_backward``; the sums over tokens (the query's and the bias's gradients)
+    are left to :mod:`attnres.depth_attend`, as on its other paths."""
     d_logit, d_prior, d_prior_lse, d_keys, d_values = _backward_op(
         u, rs, w, dots, ks, vs, list(keys), list(values) if has_values else [], list(outs) if has_prior else [],
         list(g_out), g_lse, per_token)
-    # the query's gradient sums over tokens and the bias's over tokens: one product and one sum each
-    alpha = d_logit * rs[:, :, None]
-    if ks is not None:
-        alpha = alpha * ks.reshape(1, n, 1).to(cdt)
-    d_u = torch.zeros_like(u)
-    for k in range(n):
-        i = k if u.shape[0] > 1 else 0
-        key = keys[k].to(u.dtype)
-        if per_token:
-            d_u[i].addcmul_(key, alpha[:, k].to(u.dtype))
-        else:
-            d_u[i] += alpha[:, k].t().to(u.dtype) @ key
-    d_bias = d_logit.sum(0) if has_bias else None
-    return d_u, d_bias, (d_prior if has_prior else None), (d_prior_lse if has_prior else None), d_keys, d_values
+    return d_logit, (d_prior if has_prior else None), (d_prior_lse if has_prior else None), d_keys, d_values
 
 
 @torch.library.custom_op("attnres::depth_attend_backward", mutates_args=())
@@ -179,6 +168,8 @@ def _backward_op(u: Tensor, rs: Tensor, w: Tensor, dots: Tensor, ks: Tensor | No
                  g_lse: Tensor | None, per_token: bool) -> tuple[Tensor, Tensor, Tensor, list[Tensor], list[Tensor]]:
     """(d_logit (N, n, S), d_prior, d_prior_lse, d_keys, d_values): empty ``values`` means keys are the values
     (and ``d_values`` is empty); empty ``outs`` means no prior (``d_prior``, ``d_prior_lse`` are then empty)."""
+    import triton
+
     _, bwd = _kernels()
     has_values, has_prior = bool(values), bool(outs)
     n, (big_n, d), n_sites = len(keys), keys[0].shape, w.shape[2]
@@ -192,12 +183,12 @@ def _backward_op(u: Tensor, rs: Tensor, w: Tensor, dots: Tensor, ks: Tensor | No
     d_prior_lse = rs.new_empty(big_n if has_prior else 0)
     dummy = rs.new_empty(1)
     tables = [_table(ts, device) for ts in (keys, values, g_out, d_keys, d_values or d_keys)]
-    bwd[(triton_cdiv(big_n, BLOCK_N),)](
+    bwd[(triton.cdiv(big_n, BLOCK_N),)](
         *tables, _table(outs if has_prior else g_out, device), keys[0], values[0], u.contiguous(), rs.contiguous(),
         w, dots, _or(ks, dummy), _or(vs, dummy), _or(g_lse, dummy), d_logit, d_prior, d_prior_lse,
         big_n, d, n, n_sites, PER_TOKEN=per_token, SHARED_U=u.shape[0] == 1, HAS_SCALES=ks is not None,
         HAS_VALUES=has_values, HAS_PRIOR=has_prior, HAS_GLSE=g_lse is not None, BLOCK_N=BLOCK_N,
-        BLOCK_D=min(BLOCK_D, triton_next_pow2(d)))
+        BLOCK_D=min(BLOCK_D, triton.next_power_of_2(d)))
     return d_logit, d_prior, d_prior_lse, d_keys, d_values
 
 
@@ -229,11 +220,3 @@ def _alike(keys: Sequence[Tensor], values: Sequence[Tensor]) -> tuple[list[Tenso
 def _or(t: Tensor | None, fallback: Tensor) -> Tensor:
     """A tensor argument the kernel does not read (its flag is off) still needs a pointer."""
     return fallback if t is None else t.contiguous()
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def triton_next_pow2(x: int) -> int:
-    return 1 << max(0, (x - 1).bit_length())

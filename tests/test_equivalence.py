@@ -162,45 +162,14 @@ def test_torch_compile_traces_a_whole_model_on_the_triton_path_as_one_graph(name
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
 
 
-@pytest.mark.parametrize("case", ["shared", "per_source_bias_scales", "per_token", "prior_values"])
-def test_the_triton_kernel_tiles_tokens_and_channels_as_the_pytorch_path_computes(case, monkeypatch):
+def test_the_triton_kernel_tiles_tokens_and_channels_as_the_pytorch_path_computes(monkeypatch):
     """Several token tiles and d_model chunks, both ends masked (37 tokens, 80 channels: tiles of 16, chunks
-    of 64), every feature of the contract: forward and every gradient equal the PyTorch path's in float64."""
+    of 64), every feature of the contract (shared and per-source queries with bias and scales, per-token
+    queries, a prior with projected values): forward and every gradient equal the PyTorch path's in
+    float64. (The self-check the kernel runs before its first use on a device, at float64.)"""
     pytest.importorskip("triton")
-    from attnres.depth_attend import attend, rms_rsqrt
-
-    torch.manual_seed(11)
-    n_tok, d, n = 37, 80, 3
-    per_token, prior, values, bias, scales = case == "per_token", case == "prior_values", None, None, None
-    sites = 1 if per_token or prior else 2
-    keys = [torch.randn(n_tok, d, dtype=torch.float64).to(DEVICE) for _ in range(n)]
-    u = torch.randn(1 if case != "per_source_bias_scales" else n, n_tok if per_token else sites, d,
-                    dtype=torch.float64).to(DEVICE)
-    if case == "per_source_bias_scales":
-        bias, scales = torch.randn(n, sites, dtype=torch.float64).to(DEVICE), [0.5, 1.0, 1 / 3]
-    if prior:
-        values = [torch.randn(n_tok, d, dtype=torch.float64).to(DEVICE) for _ in range(n)]
-        prior = tuple(torch.randn(*shape, dtype=torch.float64).to(DEVICE) for shape in ((n_tok, d), (n_tok,)))
-    leaves = [t for t in (*keys, u, *(values or ()), bias, *(prior or ())) if t is not None]
-
-    def run(path: str) -> list[torch.Tensor]:
-        monkeypatch.setenv("ATTNRES_TRITON_KERNEL", "1" if path == "triton" else "0")
-        monkeypatch.setenv("ATTNRES_CPU_KERNEL", "0")
-        xs = [t.detach().clone().requires_grad_() for t in leaves]
-        it = iter(xs)
-        ks = [next(it) for _ in keys]
-        uu = next(it)
-        vs = [next(it) for _ in values] if values else None
-        bb = next(it) if bias is not None else None
-        pp = (next(it), next(it)) if prior else None
-        outs, lse, _ = attend(ks, uu, [rms_rsqrt(k, 1e-6) for k in ks], values=vs, bias=bb, per_token=per_token,
-                              prior=pp, scales=scales)
-        torch.manual_seed(5)
-        loss = sum((o * torch.randn_like(o)).sum() for o in outs) + (lse * torch.randn_like(lse)).sum()
-        return [*outs, lse, *torch.autograd.grad(loss, xs)]
-
-    for got, want in zip(run("triton"), run("pytorch"), strict=True):
-        assert rel_err(got, want) < 1e-12
+    monkeypatch.setenv("ATTNRES_CPU_KERNEL", "0")  # the reference is the PyTorch path
+    assert depth_attend.triton_self_check(torch.device(DEVICE), torch.float64) < 1e-12
 
 
 def test_the_triton_kernel_checks_itself_once_per_device_and_a_failing_one_is_not_used(monkeypatch, capfd):

@@ -62,14 +62,9 @@ def _values_encoder() -> Callable[[dict[str, float]], str]:
 _encode_values = _values_encoder()
 
 
-def metrics_line(run_id: int, step: int, values: dict[str, float]) -> str:
-    """One line for all values of a step: one encode and one write per logged step, on the training thread."""
-    return f'{{"r": {int(run_id)}, "s": {int(step)}, "m": {_encode_values(values)}}}\n'
-
-
 def line_makers(run_id: int) -> tuple[Callable[[int, dict[str, float]], str], Callable[[int], str]]:
-    """:func:`metrics_line` and :func:`step_line` of one run, its part of each line formatted once
-    (the training thread makes both every logged step)."""
+    """The two lines the training thread writes every logged step, for one run: its metric values
+    (``metrics(step, values)``) and its newest step (``step(step)``), the run's part formatted once."""
     metrics_head, step_head = f'{{"r": {int(run_id)}, "s": ', f'{{"run": {int(run_id)}, "fields": {{"step": '
     encode = _encode_values
     return (lambda step, values: f'{metrics_head}{int(step)}, "m": {encode(values)}}}\n',
@@ -78,11 +73,6 @@ def line_makers(run_id: int) -> tuple[Callable[[int, dict[str, float]], str], Ca
 
 def fields_line(run_id: int, fields: dict[str, object]) -> str:
     return f'{{"run": {int(run_id)}, "fields": {_encode(_jsonable(fields))}}}\n'
-
-
-def step_line(run_id: int, step: int) -> str:
-    """``fields_line(run_id, {"step": step})``, formatted directly: the training thread writes one every step."""
-    return f'{{"run": {int(run_id)}, "fields": {{"step": {int(step)}}}}}\n'
 
 
 def snapshot_line(run_id: int, row: dict[str, object]) -> str:

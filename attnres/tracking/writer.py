@@ -79,13 +79,13 @@ class MetricWriter:
         """
         if not self.spool_ok:
             return
-        if not flush:
-            self._held.append(line)
-            return
-        if self._held:
-            self._held.append(line)
-            line, self._held = "".join(self._held), []
-        self._write(line.encode())
+        self._held.append(line)
+        if flush:
+            self._write_held()
+
+    def _write_held(self) -> None:
+        data, self._held = "".join(self._held).encode(), []
+        self._write(data)
 
     def _write(self, data: bytes) -> None:
         try:
@@ -171,8 +171,7 @@ class MetricWriter:
         """Hand lines still in this process's buffer (progress marks) to the OS."""
         with self.lock:
             if self._held and self.spool_ok:
-                line, self._held = "".join(self._held), []
-                self._write(line.encode())
+                self._write_held()
 
     def flush(self, timeout: float = 60.0) -> bool:
         """Write everything now; True if the database holds it all.

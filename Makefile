@@ -45,9 +45,10 @@ lint: install
 TEST_WORKERS ?= 2
 
 # the test extra: Triton, whose interpreter runs the GPU kernel's tests on CPU (3.9.0 is the version beside
-# torch 2.13; a CUDA build of torch brings its own); the tool itself does not need it
-$(VENV)/.test-extra: $(BIN)/attnres
-	$(BIN)/python -m pip install -q triton==3.9.0
+# torch 2.13; a CUDA build of torch brings its own), and the three mirrors' packages (their tests write to
+# real local stores, offline); the tool itself needs none of them
+$(VENV)/.test-extra: $(BIN)/attnres pyproject.toml
+	$(BIN)/python -m pip install -q triton==3.9.0 -e ".[test]"
 	touch $@
 
 test: install lint $(VENV)/.test-extra

@@ -12,12 +12,12 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
-from attnres import backends, paths
+from attnres import backends, grid, paths
 from attnres.backends import Placement, Submitted
 from attnres.config import RunConfig
 from attnres.errors import AttnresError
 from attnres.planning import LaunchRequest, PlannedRun, check_data, git_commit
-from attnres.tracking import spool, states, store
+from attnres.tracking import mirror_marks, spool, states, store
 from attnres.variants import check_revision
 
 #: what reopening a run clears: the end and the message of its last attempt
@@ -52,17 +52,23 @@ def _record_spool(engine: Engine, run_id: int, path: Path) -> None:
 def enqueue(engine: Engine, cells: Sequence[PlannedRun], req: LaunchRequest) -> list[int]:
     """Create queued run rows (or reopen the interrupted run of a cell); return the ids to run, in order."""
     ids = []
-    rule = json.dumps(req.rule) if req.rule else None
+    mirrors = req.mirrors if req.mirrors is not None else mirror_marks.default_mirrors(engine)
+    outside = {"mirrors_json": json.dumps(mirrors) if mirrors else None,
+               "on_end_json": json.dumps(req.on_end) if req.on_end else None}
     for cell in cells:
         if cell.skip:
             continue
+        # in a sweep, the early-stop rule's baseline is the baseline of the same cell (its lr, ...)
+        rule = json.dumps({**req.rule, "settings": {k: grid.normal(v) for k, v in cell.cell.items()}}
+                          if cell.cell else req.rule) if req.rule else None
         try:
             if cell.run_id is None:  # (no backend looks at a queued run before its log path is set)
                 cell.run_id = store.create_run(engine, cell.cfg, world_size=req.placement.nproc,
-                                               git_commit=git_commit(), backend=req.backend, rule_json=rule)
+                                               git_commit=git_commit(), backend=req.backend, rule_json=rule,
+                                               **outside)
                 store.update_run(engine, cell.run_id, log_path=str(paths.run_log(cell.run_id)))
             elif not _reopen(engine, cell.run_id, log_path=str(paths.run_log(cell.run_id)), backend=req.backend,
-                             rule_json=rule):
+                             rule_json=rule, **outside):
                 cell.skip = f"run {cell.run_id} changed meanwhile (now {store.status_of(engine, cell.run_id)})"
                 continue
         except states.ActiveTwin:  # another launch queued this config between our plan and now

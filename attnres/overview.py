@@ -1,4 +1,4 @@
-"""What ``attnres status`` shows: a row per run, or a grid of variants x seeds, from the database."""
+"""What ``attnres status`` shows: a row per run, or a grid of variants (x swept settings) x seeds, from the database."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 
+from attnres import grid
 from attnres.tracking import glance, states
 from attnres.variants import superseded
 
@@ -33,14 +34,17 @@ def status_rows(engine: Engine, experiment: str | None = None, preset: str | Non
     """
     runs, total = glance.status_runs(engine, experiment, preset, recent)
     last = glance.latest_values(engine, [int(r["id"]) for r in runs], KEYS)
+    cells = cell_labels([(str(r["experiment"]), str(r["preset"]), int(r["total_steps"]), str(r["variant"]),
+                          r["config_json"]) for r in runs])
     rows = []
-    for r in runs:
+    for r, cell in zip(runs, cells, strict=True):
         m = last[int(r["id"])]
         memory = m.get("peak_memory_bytes")
         rows.append({
             "run": r["id"], "experiment": r["experiment"],
             "variant": str(r["variant"]) + (" (old revision)" if superseded(str(r["variant"]), str(r["config_json"]))
                                             else ""),
+            **({"settings": cell or "—"} if any(cells) else {}),
             "status": str(r["status"]) + (f" @{int(r['stop_step'])}" if r["stop_step"] is not None else ""),
             "seed": r["seed"], "step": f"{r['step']}/{r['total_steps']}",
             "train loss": _fmt(m.get("train_loss"), ".3f"), "eval loss": _fmt(m.get("eval_loss"), ".3f"),
@@ -48,6 +52,21 @@ def status_rows(engine: Engine, experiment: str | None = None, preset: str | Non
             "memory MiB": _fmt(None if memory is None else memory / 2**20, ",.0f"),
         })
     return rows, total
+
+
+def cell_labels(runs: list[tuple[str, str, int, str, str | None]]) -> list[str]:
+    """Each run's cell of a sweep, from (experiment, preset, budget, variant, config JSON): the values of the
+    settings that runs of one variant (in one experiment, preset and budget) hold more than one value of."""
+    values = [grid.settings(r[4]) for r in runs]
+    groups: dict[tuple[str, str, int], list[int]] = {}
+    for i, r in enumerate(runs):
+        groups.setdefault(r[:3], []).append(i)
+    labels = [""] * len(runs)
+    for members in groups.values():
+        keys = grid.swept_keys((runs[i][3], values[i]) for i in members)
+        for i in members:
+            labels[i] = grid.label(values[i], keys)
+    return labels
 
 
 def reconcile(engine: Engine) -> None:
@@ -86,10 +105,14 @@ def grid_rows(engine: Engine, experiment: str | None = None,
     if runs.empty:
         return ["variant"], [["no runs yet"]]
     seeds = sorted(runs["seed"].unique())
-    latest = runs.sort_values("id").groupby(["experiment", "variant", "seed"]).tail(1)
-    latest = latest.set_index(["experiment", "variant", "seed"])
+    runs["settings"] = cell_labels(list(zip(runs["experiment"], runs["preset"], runs["total_steps"], runs["variant"],
+                                            runs["config_json"], strict=True)))
+    keys = ["experiment", "variant", "settings"]
+    latest = runs.sort_values("id").groupby([*keys, "seed"]).tail(1).set_index([*keys, "seed"])
+    swept = bool(runs["settings"].any())
     rows = []
-    for exp, variant in dict.fromkeys(zip(runs["experiment"], runs["variant"], strict=True)):
-        rows.append([exp, variant] + [_cell(latest.loc[(exp, variant, s)], now) if (exp, variant, s) in latest.index
-                                      else "—" for s in seeds])
-    return ["experiment", "variant", *[f"seed {s}" for s in seeds]], rows
+    for exp, variant, cell in dict.fromkeys(zip(runs["experiment"], runs["variant"], runs["settings"], strict=True)):
+        rows.append([exp, variant, *([cell or "—"] if swept else [])]
+                    + [_cell(latest.loc[(exp, variant, cell, s)], now) if (exp, variant, cell, s) in latest.index
+                       else "—" for s in seeds])
+    return ["experiment", "variant", *(["settings"] if swept else []), *[f"seed {s}" for s in seeds]], rows

@@ -1,15 +1,19 @@
 """Planning a launch: the request checked at parse time, then the grid of cells it expands to.
 
 A :class:`LaunchRequest` holds everything ``attnres launch`` was asked, validated before anything
-is recorded (bad input is one line, exit 2). :func:`plan` expands it into variant x seed cells and
-decides for each from the database: run it, skip it (it finished with the same config, or is
-queued or running), or continue an interrupted run of the same config from its checkpoint.
+is recorded (bad input is one line, exit 2). :func:`plan` expands it into variant x swept values x seed
+cells (``--set lr=1e-3,3e-3``: :mod:`attnres.grid`) and decides for each from the database: run it,
+skip it (it finished with the same config, or is queued or running), or continue an interrupted run
+of the same config from its checkpoint.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
+import shlex
+import shutil
 import subprocess
 from dataclasses import dataclass, field
 from functools import cache
@@ -17,7 +21,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
-from attnres import backends, paths
+from attnres import backends, grid, paths
 from attnres.backends import Placement
 from attnres.config import RunConfig
 from attnres.data.prepare import BUILTIN, ensure_builtin, read_manifest
@@ -42,13 +46,26 @@ class LaunchRequest:
     rule: dict | None = None  # early-stop rule: {"baseline", "by", "at_step"}
     force: bool = False
     experiment: str = ""  # "" = the preset's name
+    sweep: dict[str, list[str]] = field(default_factory=dict)  # swept setting -> its values (--set k=a,b)
+    mirrors: list[str] | None = None  # trackers each run is also sent to (attnres.mirrors); None: the database's
+    on_end: list[str] = field(default_factory=list)  # the command run when a run ends (an argument list)
+
+    def cells(self) -> list[list[str]]:
+        """The overrides of each cell of the sweep (one cell, the fixed overrides, when nothing is swept)."""
+        return [self.overrides + [f"{k}={v}" for k, v in cell.items()] for cell in grid.cells(self.sweep)]
 
 
 def request(variants: list[str], seeds: list[int] | None, preset: str = "tiny", steps: int | None = None,
             overrides: list[str] | None = None, data: str = "builtin", backend: str = "local",
             placement: Placement | None = None, kill_if_worse_than: str | None = None, by: float = 0.1,
-            at_step: int | None = None, force: bool = False, experiment: str | None = None) -> LaunchRequest:
-    """Check a launch's arguments (AttnresError, one line) and return the request."""
+            at_step: int | None = None, force: bool = False, experiment: str | None = None,
+            mirrors: list[str] | None = None, on_end: str | None = None) -> LaunchRequest:
+    """Check a launch's arguments (AttnresError, one line) and return the request.
+
+    ``mirrors``: ``--mirror`` specs; none given, the ``ATTNRES_MIRROR`` environment variable's, else the
+    database's own (``attnres mirror``), read when the runs are recorded. ``on_end``: a command line, split
+    into an argument list as a POSIX shell would (no shell runs it).
+    """
     if not variants:
         raise AttnresError("name at least one variant (see `attnres variants`)")
     seeds = list(seeds or [42])
@@ -69,26 +86,58 @@ def request(variants: list[str], seeds: list[int] | None, preset: str = "tiny", 
     if experiment is not None and not EXPERIMENT_NAME.fullmatch(experiment):
         raise AttnresError(f"--experiment '{experiment}': use 1 to 128 letters, digits, '.', '_' or '-', "
                            "starting with a letter or digit")
-    overrides = list(overrides or []) + ([f"steps={steps}"] if steps is not None else [])
-    req = LaunchRequest(names, seeds, preset, overrides, data, backend, placement, rule, force, experiment or "")
+    targets = mirror_targets(mirrors)
+    command = on_end_command(on_end)
+    fixed, sweep = grid.split_sweeps(list(overrides or []) + ([f"steps={steps}"] if steps is not None else []))
+    req = LaunchRequest(names, seeds, preset, fixed, data, backend, placement, rule, force, experiment or "", sweep,
+                        targets, command)
     for v in names:  # every cell's config resolves (unknown preset or setting: one line now)
-        resolve_run(v, preset, seeds[0], overrides, data, req.experiment)
+        for cell in req.cells():
+            resolve_run(v, preset, seeds[0], cell, data, req.experiment)
     return req
+
+
+def mirror_targets(specs: list[str] | None) -> list[str] | None:
+    """The mirrors asked for (``--mirror``, else ``ATTNRES_MIRROR``) as specs; None when neither says."""
+    from attnres import mirrors
+
+    if specs:
+        return [t.spec() for t in mirrors.parse_many(specs)]
+    if os.environ.get("ATTNRES_MIRROR", "").strip():
+        return [t.spec() for t in mirrors.parse_many(os.environ["ATTNRES_MIRROR"])]
+    return None
+
+
+def on_end_command(command: str | None) -> list[str]:
+    """``--on-end`` as an argument list; a command that is not on PATH is refused now, not when the run ends."""
+    if command is None:
+        return []
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise AttnresError(f"bad --on-end '{command}': {exc}") from None
+    if not argv:
+        raise AttnresError("--on-end needs a command, e.g. --on-end 'notify-send attnres'")
+    if shutil.which(argv[0]) is None:
+        raise AttnresError(f"--on-end: command '{argv[0]}' not found (give a path or a command on PATH)")
+    return argv
 
 
 @dataclass
 class PlannedRun:
     cfg: RunConfig
+    cell: dict[str, str] = field(default_factory=dict)  # this cell's swept values, as given
     skip: str | None = None  # why it will not run (already finished with this config, or active)
     run_id: int | None = None  # an interrupted run of this config, continued from its checkpoint
 
 
 def plan(engine: Engine | None, req: LaunchRequest) -> list[PlannedRun]:
     """Expand the grid; mark what already finished or runs with the same config (unless forced)."""
-    grid = [PlannedRun(resolve_run(v, req.preset, s, req.overrides, req.data, req.experiment))
-            for v in req.variants for s in req.seeds]
+    swept = grid.cells(req.sweep)
+    planned = [PlannedRun(resolve_run(v, req.preset, s, overrides, req.data, req.experiment), cell)
+               for v in req.variants for cell, overrides in zip(swept, req.cells(), strict=True) for s in req.seeds]
     if engine is not None and not req.force:
-        for cell in grid:
+        for cell in planned:
             prior = store.runs_with_config(engine, cell.cfg.config_hash)
             done = [r for r, s in prior if s == states.FINISHED]
             active = [r for r, s in prior if s in states.ACTIVE]
@@ -99,7 +148,7 @@ def plan(engine: Engine | None, req: LaunchRequest) -> list[PlannedRun]:
                 cell.skip = f"already queued or running as run {active[0]}"
             elif resumable:
                 cell.run_id = resumable[-1]  # continue the interrupted run from its checkpoint
-    return grid
+    return planned
 
 
 def check_data(name: str, vocab_size: int | None = None) -> None:

@@ -26,3 +26,7 @@ ExperimentOpt = Annotated[str | None, typer.Option("--experiment", help="only ru
 PresetOpt = Annotated[str | None, typer.Option("--preset", help="only runs of this preset")]
 BudgetOpt = Annotated[int | None, typer.Option("--budget", min=1, help="only runs of this many training steps")]
 DataOpt = Annotated[str | None, typer.Option("--data", help="only runs on this prepared dataset")]
+CellOpt = Annotated[list[str] | None, typer.Option("--set", help="one cell of a sweep: KEY=VALUE (repeatable), "
+                                                  "e.g. --set lr=1e-3")]
+TunedOpt = Annotated[str | None, typer.Option("--tuned", help="compare each variant at its best value of this swept "
+                                              "setting (e.g. --tuned lr)")]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import shlex
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -15,7 +14,8 @@ from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from attnres.errors import AttnresError
-from cli.app import BudgetOpt, DataOpt, DbOpt, ExperimentOpt, PresetOpt, app, console, err
+from cli.app import BudgetOpt, CellOpt, DataOpt, DbOpt, ExperimentOpt, PresetOpt, TunedOpt, app, console, err
+from cli.bars import RunBars
 
 if TYPE_CHECKING:
     from attnres.backends import Submitted
@@ -51,7 +51,8 @@ def launch(
     preset: Annotated[str, typer.Option(help="model/training size")] = "tiny",
     experiment: Annotated[str | None, typer.Option(help="experiment the runs belong to (default: the preset)")] = None,
     steps: Annotated[int | None, typer.Option(help="override the preset's training steps")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="override KEY=VALUE (repeatable)")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override KEY=VALUE (repeatable); KEY=A,B,... "
+                                                   "sweeps it")] = None,
     data: Annotated[str, typer.Option(help="prepared dataset name or folder")] = "builtin",
     nproc: Annotated[int, typer.Option(help="processes (ranks) per run on CPU")] = 1,
     gpus_per_run: Annotated[int, typer.Option(help="GPUs per run (local backend)")] = 1,
@@ -67,9 +68,17 @@ def launch(
     gpus_per_node: Annotated[int, typer.Option(min=0, help="SLURM GPUs per node (0: CPU, --nproc ranks)")] = 0,
     time_limit: Annotated[str | None, typer.Option("--time", help="SLURM time limit")] = None,
     backend_opt: Annotated[list[str] | None, typer.Option("--backend-opt", help="KEY=VALUE for the backend")] = None,
+    mirror: Annotated[list[str] | None, typer.Option("--mirror", help="also send each run to mlflow[=URI], "
+                                                     "trackio[=PROJECT] or wandb[=PROJECT] (repeatable; none: "
+                                                     "not even the database's or ATTNRES_MIRROR's)")] = None,
+    on_end: Annotated[str | None, typer.Option("--on-end", help="command run when each run ends, with ATTNRES_RUN_ID, "
+                                               "ATTNRES_STATE, ATTNRES_LAST_EVAL, ... in its environment "
+                                               "(split like a shell line; no shell runs it)")] = None,
     db: DbOpt = None,
 ) -> None:
-    """Train every VARIANT x seed with torchrun, recording runs and metrics in the database."""
+    """Train every VARIANT x swept value x seed with torchrun, recording runs and metrics in the database.
+
+    `--set lr=3e-4,1e-3` sweeps a setting (several swept settings make a product)."""
     from attnres import orchestrator, planning
     from attnres.backends import Placement, QueueStopped, trainer_command
     from attnres.tracking.db import get_engine, normalize_url
@@ -77,14 +86,16 @@ def launch(
     placement = Placement(nproc, gpus_per_run, nodes, gpus_per_node, partition, time_limit,
                           key_values(backend_opt or [], "--backend-opt"))
     req = planning.request(variant, seeds, preset, steps, set_, data, backend, placement, kill_if_worse_than,
-                           by, at_step, force, experiment)
+                           by, at_step, force, experiment, mirror, on_end)
     url = normalize_url(db)
     engine = None if dry_run else get_engine(db)
     cells = planning.plan(engine, req)
     for c in cells:
         state = f"[yellow]skip[/]: {c.skip}" if c.skip else ("[cyan]resume[/] run " + str(c.run_id)
                                                             if c.run_id else "[green]run[/]")
-        console.print(f"{c.cfg.variant} seed={c.cfg.seed} preset={c.cfg.preset} steps={c.cfg.train.steps} {state}")
+        cell = "".join(f" {k}={v}" for k, v in c.cell.items())
+        console.print(f"{c.cfg.variant}{cell} seed={c.cfg.seed} preset={c.cfg.preset} steps={c.cfg.train.steps} "
+                      f"{state}")
         if dry_run and not c.skip:
             cmd = trainer_command(c.run_id or "{run_id}", url, nproc)
             console.print("  " + shlex.join(cmd), soft_wrap=True, markup=False)
@@ -116,41 +127,6 @@ def key_values(items: list[str], option: str) -> dict[str, str]:
             raise AttnresError(f"bad {option} '{item}': expected KEY=VALUE")
         out[key] = value
     return out
-
-
-class RunBars:
-    """Progress bars of the runs a submission waits on, shown from its first tick (a detached queue
-    or a cluster submission never ticks, so it shows none)."""
-
-    def __init__(self, engine: object) -> None:
-        self.engine, self.ids, self.progress, self.tasks = engine, [], None, {}
-
-    def watch(self, ids: list[int]) -> Callable[[], None]:
-        self.ids = ids
-        return self.tick
-
-    def tick(self) -> None:
-        from attnres.tracking import store
-
-        if self.progress is None:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-            self.progress = Progress(*columns, console=console)
-            self.progress.start()
-            for rid in self.ids:
-                run = store.get_run(self.engine, rid)
-                self.tasks[rid] = self.progress.add_task(f"run {rid} {run.variant} s{run.seed}", total=run.total_steps)
-        for rid, task in self.tasks.items():
-            self.progress.update(task, completed=store.get_run(self.engine, rid).step)
-
-    def close(self) -> None:
-        if self.progress is not None:
-            try:
-                self.tick()
-            finally:
-                self.progress.stop()
-                self.progress = None
 
 
 def _show_submitted(engine: object, done: Submitted) -> None:
@@ -288,12 +264,13 @@ def status(
         return
     table = Table(title="attnres runs")
     for col in rows[0]:
-        left = col in {"experiment", "variant", "status"}
+        left = col in {"experiment", "variant", "settings", "status"}
         table.add_column(col, justify="left" if left else "right", no_wrap=left)
     colors = {states.FINISHED: "green", states.RUNNING: "cyan", states.QUEUED: "white", states.PREEMPTED: "yellow"}
+    at = list(rows[0]).index("status")
     for row in rows:
         cells = [str(v) for v in row.values()]
-        cells[3] = f"[{colors.get(row['status'].split()[0], 'red')}]{cells[3]}[/]"
+        cells[at] = f"[{colors.get(row['status'].split()[0], 'red')}]{cells[at]}[/]"
         table.add_row(*cells)
     if len(rows) < total:
         table.caption = (f"{len(rows)} of {total} runs: the active ones and the {RECENT} most recent "
@@ -312,15 +289,19 @@ def report(
     preset: PresetOpt = None,
     budget: BudgetOpt = None,
     data: DataOpt = None,
+    set_: CellOpt = None,
+    tuned: TunedOpt = None,
     db: DbOpt = None,
 ) -> None:
     """Write the results document of one experiment (default: the latest) from the database."""
+    from attnres.grid import parse_pick
     from attnres.tracking.db import get_engine
     from attnres.variants import canonical
     from reports.build import write_report
 
+    pick = parse_pick(set_ or [])
     write_report(get_engine(db, create=False), out, canonical(baseline), step, plots, experiment, preset, budget,
-                 data)
+                 data, pick, tuned)
     console.print(f"wrote {out}")
 
 
@@ -335,14 +316,21 @@ def compare(
     preset: PresetOpt = None,
     budget: BudgetOpt = None,
     data: DataOpt = None,
+    set_: CellOpt = None,
+    tuned: TunedOpt = None,
     db: DbOpt = None,
 ) -> None:
     """Compare variants side by side: aligned eval losses, seed statistics, config, cost."""
+    from attnres.grid import parse_pick
     from attnres.tracking.db import get_engine
     from reports.build import compare as run_compare
 
-    result = run_compare(get_engine(db, create=False), variant, step, plot, experiment, preset, budget, data)
+    pick = parse_pick(set_ or [])
+    result = run_compare(get_engine(db, create=False), variant, step, plot, experiment, preset, budget, data, pick,
+                         tuned)
     console.print(f"{result.scope.label()}")
+    if result.tuning is not None:
+        _print_frame(result.tuning, f"Tuning of {tuned}: each variant at its best value")
     _print_frame(result.aligned, "Eval loss at common steps (seed mean)", ".4f")
     _print_frame(result.stats, f"Statistics over seeds at step {result.step} (Welch and paired t vs "
                                f"{result.variants[0]})", ".4f")

@@ -19,7 +19,7 @@ from sqlalchemy import URL, Engine
 from attnres.errors import AttnresError
 from attnres.planning import git_commit
 from attnres.tracking import depth_maps
-from attnres.tracking.reads import load_results, run_table
+from attnres.tracking.reads import Results, load_results, run_table
 from attnres.tracking.states import EARLY
 from attnres.variants import VARIANTS, canonical
 from reports import compare as cmp
@@ -28,6 +28,7 @@ from reports.plots import delta_curves, depth_heatmaps, throughput_vs_delta
 from reports.scope import Scope, choose, select
 from reports.stats import ReportError
 from reports.tables import per_variant
+from reports.tuning import tune, tuning_markdown
 
 
 def deep_variants() -> list[str]:
@@ -68,27 +69,49 @@ def provenance(engine: Engine, runs: pd.DataFrame, today: dt.date | None = None)
 
 
 def _scoped(engine: Engine, experiment: str | None, preset: str | None, budget: int | None,
-            baseline: str | None = None, data: str | None = None) -> tuple[pd.DataFrame, Scope, list[Scope]]:
+            baseline: str | None = None, data: str | None = None, pick: dict[str, str] | None = None,
+            tuned: str | None = None) -> tuple[pd.DataFrame, Scope, list[Scope]]:
     try:
-        return select(run_table(engine), experiment, preset, budget, baseline, data)
+        return select(run_table(engine), experiment, preset, budget, baseline, data, pick, tuned)
     except ReportError as exc:
         raise AttnresError(str(exc)) from None
 
 
+def _tuned(res: Results, key: str | None) -> pd.DataFrame | None:
+    """Keep each variant's runs at its best value of ``key`` (the table of every value returned), in place."""
+    if key is None:
+        return None
+    try:
+        res.runs, table = tune(res.runs, res.evals, key)
+    except ReportError as exc:
+        raise AttnresError(f"cannot tune: {exc}") from None
+    res.evals = res.evals[res.evals["run_id"].isin(res.runs["id"])]
+    if not res.maps.empty:
+        res.maps = res.maps[res.maps["run_id"].isin(res.runs["id"])]
+    return table
+
+
 def write_report(engine: Engine, out: Path, baseline: str = "standard", step: int | None = None,
                  plots: bool = True, experiment: str | None = None, preset: str | None = None,
-                 budget: int | None = None, data: str | None = None) -> str:
-    """Build the document of one scope from the database; write it (and PNGs under ``reports/`` beside it)."""
+                 budget: int | None = None, data: str | None = None, pick: dict[str, str] | None = None,
+                 tuned: str | None = None) -> str:
+    """Build the document of one scope from the database; write it (and PNGs under ``reports/`` beside it).
+
+    ``pick`` chooses a cell of a sweep (``--set lr=1e-3``); ``tuned`` compares each variant at its best
+    value of a swept setting (``--tuned lr``).
+    """
     _writable(out)
-    runs, scope, others = _scoped(engine, experiment, preset, budget, baseline, data)
+    runs, scope, others = _scoped(engine, experiment, preset, budget, baseline, data, pick, tuned)
     res = load_results(engine, step=step, runs=runs)
+    table = _tuned(res, tuned)
     notes = []
     if len(res.superseded):
         old = ", ".join(f"{r.variant} s{r.seed} (run {r.id})" for r in res.superseded.itertuples())
         notes.append(f"Not compared: {old}, trained by an earlier revision of the variant "
                      "(`attnres variants` lists what changed); launch them again to include them.")
     inp = Inputs(res.runs, res.evals, scope, {v.name: v.description for v in VARIANTS.values()}, deep_variants(),
-                 baseline, step, res.maps, provenance(engine, res.runs), notes=notes, others=others)
+                 baseline, step, res.maps, provenance(engine, res.runs), notes=notes, others=others,
+                 tuning=tuning_markdown(table, tuned) if table is not None else "")
     try:
         before, after = report_parts(inp)  # first the text: bad data fails here, before any file is written
         if plots:
@@ -130,15 +153,18 @@ class Comparison:
     stats: pd.DataFrame
     config: pd.DataFrame
     cost: pd.DataFrame
+    tuning: pd.DataFrame | None = None  # with --tuned: every value of the setting, the picked ones marked
 
     def markdown(self) -> str:
-        return cmp.compare_markdown(self.aligned, self.stats, self.config, self.cost, self.step, self.scope)
+        text = cmp.compare_markdown(self.aligned, self.stats, self.config, self.cost, self.step, self.scope)
+        return text + ("\n" + tuning_markdown(self.tuning, str(self.scope.tuned)) if self.tuning is not None else "")
 
 
 def compare(engine: Engine, variants: list[str], step: int | None = None, plot: Path | None = None,
             experiment: str | None = None, preset: str | None = None, budget: int | None = None,
-            data: str | None = None) -> Comparison:
-    """Compare variants side by side within one scope; optionally save their Δ curves to ``plot``."""
+            data: str | None = None, pick: dict[str, str] | None = None, tuned: str | None = None) -> Comparison:
+    """Compare variants side by side within one scope (a cell of a sweep: ``pick``; or each variant at its
+    best value of ``tuned``); optionally save their Δ curves to ``plot``."""
     names = [canonical(v) for v in variants]
     if len(set(names)) < 2:
         raise AttnresError("compare needs at least two different variants, e.g. attnres compare standard control_block")
@@ -149,8 +175,9 @@ def compare(engine: Engine, variants: list[str], step: int | None = None, plot: 
     if mine.empty:
         raise AttnresError(f"no runs of {', '.join(names)}")
     try:
-        runs, scope, _ = select(mine, experiment, preset, budget, data=data)
+        runs, scope, _ = select(mine, experiment, preset, budget, data=data, pick=pick, tuned=tuned)
         res = load_results(engine, names, step=step, runs=runs)
+        table = _tuned(res, tuned)
         res.runs = res.runs.sort_values("id").drop_duplicates(["variant", "seed"], keep="last")  # a rerun replaces
         res.evals = res.evals[res.evals["run_id"].isin(res.runs["id"])]
         aligned = cmp.aligned_evals(res.runs, res.evals, names)
@@ -158,7 +185,7 @@ def compare(engine: Engine, variants: list[str], step: int | None = None, plot: 
         if at not in set(aligned["step"]):
             raise ReportError(f"not every variant has an eval loss at step {at}")
         result = Comparison(names, at, scope, aligned, cmp.seed_stats(res.runs, res.evals, names, at),
-                            cmp.config_diff(res.runs, names), cmp.cost(res.runs, names))
+                            cmp.config_diff(res.runs, names), cmp.cost(res.runs, names), table)
     except ReportError as exc:
         raise AttnresError(f"cannot compare: {exc}") from None
     if plot is not None:

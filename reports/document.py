@@ -35,6 +35,7 @@ class Inputs:
     figures: Mapping[str, str] = field(default_factory=dict)  # caption -> relative path
     notes: list[str] = field(default_factory=list)
     others: list[Scope] = field(default_factory=list)
+    tuning: str = ""  # with --tuned: the section saying which value of the setting each variant is compared at
 
 
 def _md(df: pd.DataFrame) -> str:
@@ -216,13 +217,13 @@ def report_parts(inp: Inputs, title: str = "AttnRes: Attention Over the Residual
     deep = [v for v in inp.deep if v != inp.baseline]
     shallow = [v for v in sorted(set(inp.runs["variant"])) if v not in deep]
     main, table, step = main_section(inp, shallow)
-    parts = [f"# {title}\n", header(inp), variants_section(inp), main, ended_section(inp.runs)]
+    parts = [f"# {title}\n", header(inp), variants_section(inp), inp.tuning, main, ended_section(inp.runs)]
     parts.append(multi_seed_section(multi_seed(inp.runs, table, inp.baseline, step), inp.baseline, step))
     parts += [deep_section(inp, deep), cost_section(table, inp.baseline), maps_section(inp)]
     after = []
     if inp.others:
         after.append("## Other Experiments in This Database\n\nNot in this document (a table never mixes "
-                     "experiments, presets or step budgets):\n\n"
+                     "experiments, presets, step budgets, datasets or the values of a swept setting):\n\n"
                      + "\n".join(f"- {s.label()}: `attnres report {s.flags()}`" for s in inp.others) + "\n")
     running = inp.runs[inp.runs["status"].isin(ACTIVE)]
     if len(running):

@@ -1,8 +1,11 @@
-"""What one document compares: a scope (experiment, preset, step budget, dataset), and for each
-comparison group the step it is compared at. Pure functions of the run and evals tables.
+"""What one document compares: a scope (experiment, preset, step budget, dataset, cell of a sweep), and
+for each comparison group the step it is compared at. Pure functions of the run and evals tables.
 
-A table never mixes experiments, presets, step budgets or datasets (a loss per GPT-2 token and one per
-byte are different numbers): a document covers one scope, and names the others the database holds.
+A table never mixes experiments, presets, step budgets, datasets (a loss per GPT-2 token and one per
+byte are different numbers) or the values of a swept setting (runs at two learning rates are not
+seeds of one variant: :mod:`attnres.grid`): a document covers one scope, and names the others the
+database holds. ``--tuned KEY`` joins the cells that differ only in KEY into one scope, where each
+variant is then compared at its best value (:mod:`reports.grid`).
 Within it, each comparison group (the shallow variants; the deep variants with the shallow baseline)
 is compared at its final step when its runs finished, else at the latest step its compared variants
 have all reached, labelled partial.
@@ -11,15 +14,16 @@ have all reached, labelled partial.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
+from attnres import grid
 from attnres.tracking.states import EARLY, FINISHED
 from reports.stats import ReportError, finite
 
 DEFAULT_DATA = "builtin"  # a run's dataset when none was named (not spelled out in labels)
-KEYS = ["experiment", "preset", "budget", "dataset"]  # a scope's columns, as _keyed adds them
+KEYS = ["experiment", "preset", "budget", "dataset", "cell"]  # a scope's columns, as _keyed adds them
 
 
 @dataclass(frozen=True)
@@ -28,49 +32,77 @@ class Scope:
     preset: str
     budget: int  # the runs' step budget (total_steps)
     data: str = DEFAULT_DATA  # the prepared dataset the runs trained on
+    cell: str = ""  # the swept settings' values, e.g. "lr=0.001" ('' when nothing is swept)
+    tuned: str | None = None  # a setting each variant is compared at its best value of (--tuned)
 
     def flags(self) -> str:
         """The report flags that select this scope."""
         data = f" --data {self.data}" if self.data != DEFAULT_DATA else ""
-        return f"--experiment {self.experiment} --preset {self.preset} --budget {self.budget}{data}"
+        cell = "".join(f" --set {kv}" for kv in self.cell.split())
+        tuned = f" --tuned {self.tuned}" if self.tuned else ""
+        return f"--experiment {self.experiment} --preset {self.preset} --budget {self.budget}{data}{cell}{tuned}"
 
     def label(self) -> str:
         data = f", data {self.data}" if self.data != DEFAULT_DATA else ""
-        return f"experiment {self.experiment}, preset {self.preset}, {self.budget:,} steps{data}"
+        cell = f", {self.cell}" if self.cell else ""
+        tuned = f", each variant at its best {self.tuned}" if self.tuned else ""
+        return f"experiment {self.experiment}, preset {self.preset}, {self.budget:,} steps{data}{cell}{tuned}"
 
 
-def _keyed(runs: pd.DataFrame) -> pd.DataFrame:
-    """The runs with their scope's own columns, budget and dataset (an imported run's dataset is not known,
-    only the file it came from, so it counts as the default: importing in two files does not split a grid)."""
+def _keyed(runs: pd.DataFrame, tuned: str | None = None) -> pd.DataFrame:
+    """The runs with their scope's own columns: budget, dataset (an imported run's dataset is not known,
+    only the file it came from, so it counts as the default: importing in two files does not split a grid),
+    their settings and their cell: the values of the settings swept within their experiment, preset,
+    budget and dataset (all but ``tuned``)."""
     if "data" in runs:
         data = runs["data"].fillna(DEFAULT_DATA)
         data = data.where(~data.astype(str).str.startswith("imported:"), DEFAULT_DATA)
     else:
         data = DEFAULT_DATA
-    return runs.assign(budget=runs["total_steps"].astype(int), dataset=data)
+    runs = runs.assign(budget=runs["total_steps"].astype(int), dataset=data)
+    values = [grid.settings(c) for c in runs["config_json"]] if "config_json" in runs else [{}] * len(runs)
+    runs = runs.assign(settings=values, cell="")
+    outer = KEYS[:-1]
+    for _, group in runs.groupby(outer):
+        swept = [k for k in grid.swept_keys(zip(group["variant"], group["settings"], strict=True)) if k != tuned]
+        if swept:
+            runs.loc[group.index, "cell"] = [grid.label(v, swept) for v in group["settings"]]
+    return runs
+
+
+def swept(runs: pd.DataFrame) -> list[str]:
+    """The settings swept among ``runs`` (one scope's, before a cell is picked)."""
+    values = [grid.settings(c) for c in runs["config_json"]] if "config_json" in runs else []
+    return grid.swept_keys(zip(runs["variant"], values, strict=True))
 
 
 def scopes(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per scope in the runs: experiment, preset, budget, dataset, runs, latest (largest run id)."""
     if runs.empty:
         return pd.DataFrame(columns=[*KEYS, "runs", "latest"])
-    g = _keyed(runs).groupby(KEYS)
+    g = (runs if "cell" in runs else _keyed(runs)).groupby(KEYS)
     return g["id"].agg(runs="count", latest="max").reset_index().sort_values("latest", ascending=False,
                                                                             ignore_index=True)
 
 
-def _scope(row: object) -> Scope:
-    return Scope(str(row.experiment), str(row.preset), int(row.budget), str(row.dataset))
+def _scope(row: object, tuned: str | None = None) -> Scope:
+    return Scope(str(row.experiment), str(row.preset), int(row.budget), str(row.dataset), str(row.cell), tuned)
 
 
 def select(runs: pd.DataFrame, experiment: str | None = None, preset: str | None = None,
-           budget: int | None = None, baseline: str | None = None,
-           data: str | None = None) -> tuple[pd.DataFrame, Scope, list[Scope]]:
+           budget: int | None = None, baseline: str | None = None, data: str | None = None,
+           pick: dict[str, str] | None = None, tuned: str | None = None) -> tuple[pd.DataFrame, Scope, list[Scope]]:
     """The runs of one scope (the filters', else the one with the most recent run), the scope, and
     every other scope of ``runs``, latest first. With ``baseline``, the newest scope that has runs of it
-    is preferred (a lone variant launched last does not make the default report impossible)."""
-    runs = _keyed(runs)
+    is preferred (a lone variant launched last does not make the default report impossible).
+
+    ``pick`` (``--set KEY=VALUE``) keeps the runs whose settings hold those values; ``tuned`` joins the
+    cells that differ only in that setting (which must be swept there).
+    """
+    runs = _keyed(runs, tuned)
     picked = runs
+    if pick:
+        picked = picked[[grid.matches(v, pick) for v in picked["settings"]]]
     if data is not None:
         picked = picked[picked["dataset"] == data]
     if experiment is not None:
@@ -80,8 +112,9 @@ def select(runs: pd.DataFrame, experiment: str | None = None, preset: str | None
     if budget is not None:
         picked = picked[picked["total_steps"] == budget]
     if picked.empty:
-        asked = " and ".join(f"--{k} {v}" for k, v in (("experiment", experiment), ("preset", preset),
-                                                       ("budget", budget), ("data", data)) if v is not None)
+        asked = " and ".join([f"--{k} {v}" for k, v in (("experiment", experiment), ("preset", preset),
+                                                        ("budget", budget), ("data", data)) if v is not None]
+                             + [f"--set {k}={v}" for k, v in (pick or {}).items()])
         raise ReportError(f"no runs match {asked}" if asked else "no runs in the database: launch some first "
                           "(attnres launch ...)")
     found = scopes(picked)
@@ -89,11 +122,16 @@ def select(runs: pd.DataFrame, experiment: str | None = None, preset: str | None
         has = scopes(picked[picked["variant"] == baseline])[KEYS]
         with_base = found.merge(has, on=KEYS)
         found = with_base if len(with_base) else found
-    scope = _scope(next(found.itertuples()))
-    others = [s for r in scopes(runs).itertuples() if (s := _scope(r)) != scope]
+    scope = _scope(next(found.itertuples()), tuned)
+    others = [s for r in scopes(runs).itertuples() if (s := _scope(r)) != replace(scope, tuned=None)]
     inside = picked[(picked["experiment"] == scope.experiment) & (picked["preset"] == scope.preset)
-                    & (picked["budget"] == scope.budget) & (picked["dataset"] == scope.data)]
-    return inside.drop(columns=["budget", "dataset"]), scope, others
+                    & (picked["budget"] == scope.budget) & (picked["dataset"] == scope.data)
+                    & (picked["cell"] == scope.cell)]
+    if tuned is not None and tuned not in swept(inside):
+        have = swept(inside)
+        raise ReportError(f"--tuned {tuned}: {tuned} has one value in {replace(scope, tuned=None).label()}"
+                          + (f" (swept there: {', '.join(have)})" if have else " (nothing is swept there)"))
+    return inside.drop(columns=["budget", "dataset", "settings", "cell"]), scope, others
 
 
 @dataclass

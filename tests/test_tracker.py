@@ -13,7 +13,7 @@ from conftest import attnres, database_at
 
 from attnres.overview import status_rows
 from attnres.tracking import spool, states, store
-from attnres.tracking.db import check_location, get_engine
+from attnres.tracking.db import HEAD, check_location, get_engine
 from attnres.tracking.writer import MetricWriter
 from attnres.variants import resolve_run
 
@@ -154,9 +154,11 @@ def test_upgrade_to_clustered_metrics_keeps_every_row(workdir):
         conn.execute("insert into metric_keys (id, name) values (1, 'eval_loss'), (2, 'train_loss')")
         conn.executemany("insert into metrics (run_id, key_id, step, value) values (1, ?, ?, ?)",
                          [(k, s, k + s / 100) for k in (1, 2) for s in range(50)])
-    assert "0004 -> 0005" in attnres("db", "upgrade", check=True).stdout
+    assert f"0004 -> {HEAD}" in attnres("db", "upgrade", check=True).stdout
     with sqlite3.connect(db) as conn:
         table = conn.execute("select sql from sqlite_master where name = 'metrics'").fetchone()[0]
+        assert conn.execute("select count(*) from mirror_marks").fetchone() == (0,)  # 0006: mirrors, --on-end
+        assert {"mirrors_json", "on_end_json"} <= {r[1] for r in conn.execute("pragma table_info(runs)")}
         got = conn.execute("select key_id, step, value from metrics order by key_id, step").fetchall()
         indexes = {r[0] for r in conn.execute("select name from sqlite_master where type = 'index'")}
     assert "WITHOUT ROWID" in table and "ix_metrics_key_step" not in indexes

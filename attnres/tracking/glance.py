@@ -15,8 +15,9 @@ from sqlalchemy import Engine, bindparam, column, func, select, table
 
 from attnres.tracking.states import ACTIVE
 
-STATUS_COLUMNS = ["id", "experiment", "variant", "seed", "status", "step", "total_steps", "stop_step", "config_json"]
-RUNS = table("runs", *(column(c) for c in dict.fromkeys([*STATUS_COLUMNS, "preset"])))
+STATUS_COLUMNS = ["id", "experiment", "preset", "variant", "seed", "status", "step", "total_steps", "stop_step",
+                  "config_json"]
+RUNS = table("runs", *(column(c) for c in STATUS_COLUMNS))
 METRICS = table("metrics", column("run_id"), column("key_id"), column("step"), column("value"))
 METRIC_KEYS = table("metric_keys", column("id"), column("name"))
 

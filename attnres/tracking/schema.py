@@ -50,6 +50,8 @@ class Run(Base):
     rule_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # early-stop rule, if any
     experiment: Mapped[str] = mapped_column(String(128), index=True, default="")  # what reports group by
     device: Mapped[str | None] = mapped_column(String(128), nullable=True)  # what trained it, e.g. "cpu"
+    mirrors_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # trackers it is also sent to (specs)
+    on_end_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # command run when it ends (argv)
 
     # one active (queued or running: attnres.tracking.states.ACTIVE) run per config, whoever launches it
     __table_args__ = (Index("ux_runs_active_config", "config_hash", unique=True,
@@ -108,6 +110,21 @@ class DepthWeight(Base):
     site: Mapped[int] = mapped_column(Integer, primary_key=True)
     source: Mapped[str] = mapped_column(String(32), primary_key=True)
     weight: Mapped[float] = mapped_column(Float)
+
+
+class MirrorMark(Base):
+    """How far a run's metrics reached one mirror: per key, the last step it holds.
+
+    A mirror is sent only what is past its marks, so a resumed run, a second sender or `attnres sync
+    --mirror` never sends a point twice; a point not sent (the mirror was down) is sent by the next one.
+    """
+
+    __tablename__ = "mirror_marks"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    target: Mapped[str] = mapped_column(String(512), primary_key=True)  # the mirror's spec, e.g. mlflow=URI
+    key: Mapped[str] = mapped_column(String(128), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer)
 
 
 class Meta(Base):

@@ -19,6 +19,9 @@ Who may do what (``actor``: the part of attnres that makes the change)::
     user        attnres kill             queued/running/preempted -> killed
     importer    attnres import           creates runs in any state (they were recorded elsewhere)
     restorer    attnres sync             recreates a run lost with its database, as its spool has it
+
+The one process whose transition records a run's end also starts the run's ``--on-end`` command
+(:mod:`attnres.tracking.on_end`).
 """
 
 from __future__ import annotations
@@ -106,11 +109,15 @@ def transition(engine: Engine, run_id: int, to: str, actor: str, *, where: dict[
         with engine.begin() as conn:
             match = [getattr(Run, col) == value for col, value in (where or {}).items()]
             stmt = update(Run).where(Run.id == run_id, Run.status.in_(allowed_from), *match).values(status=to, **fields)
-            if conn.execute(stmt).rowcount:
-                return Outcome(True, to)
-            return Outcome(False, conn.execute(select(Run.status).where(Run.id == run_id)).scalar())
+            outcome = (Outcome(True, to) if conn.execute(stmt).rowcount else
+                       Outcome(False, conn.execute(select(Run.status).where(Run.id == run_id)).scalar()))
     except IntegrityError as exc:  # reopening a run whose config is already active elsewhere
         raise ActiveTwin(str(exc.orig)) from None
+    if outcome and to in ENDED:  # recorded: whoever decided the end (only one can) runs the user's --on-end
+        from attnres.tracking import on_end
+
+        on_end.run_ended(engine, run_id)
+    return outcome
 
 
 def create(engine: Engine, actor: str, status: str, **columns: object) -> int:

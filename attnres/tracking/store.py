@@ -7,7 +7,7 @@ run/key/step), so replaying a batch after a retry records each value exactly onc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from itertools import chain, repeat
 from operator import itemgetter
@@ -20,7 +20,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from attnres import paths
+from attnres import grid, paths
 from attnres.config import RunConfig
 from attnres.errors import AttnresError
 from attnres.tracking import depth_maps, states
@@ -340,9 +340,10 @@ def summarize(engine: Engine, run_id: int) -> None:
 
 
 def eval_at_step(engine: Engine, variant: str, experiment: str, step: int, exclude: int | None = None,
-                 preset: str | None = None, total_steps: int | None = None) -> float | None:
-    """Mean eval loss of a variant's runs (same experiment, and preset and budget when given) at ``step``;
-    None if none reached it."""
+                 preset: str | None = None, total_steps: int | None = None,
+                 settings: Mapping[str, str] | None = None) -> float | None:
+    """Mean eval loss of a variant's runs (same experiment, and preset, budget and swept ``settings`` when
+    given) at ``step``; None if none reached it."""
     q = (select(func.avg(Metric.value)).join(Run, Run.id == Metric.run_id)
          .join(MetricKey, MetricKey.id == Metric.key_id)
          .where(Run.variant == variant, Run.experiment == experiment, MetricKey.name == "eval_loss",
@@ -354,6 +355,10 @@ def eval_at_step(engine: Engine, variant: str, experiment: str, step: int, exclu
     if total_steps is not None:
         q = q.where(Run.total_steps == total_steps)
     with engine.connect() as conn:
+        if settings:  # the runs of the same cell of a sweep: their config holds these values
+            runs = conn.execute(select(Run.id, Run.config_json).where(Run.variant == variant,
+                                                                      Run.experiment == experiment)).all()
+            q = q.where(Run.id.in_([rid for rid, config in runs if grid.matches(grid.settings(config), settings)]))
         value = conn.execute(q).scalar()
     return None if value is None else float(value)
 

@@ -20,6 +20,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Protocol
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
@@ -44,11 +45,22 @@ def _transient(exc: Exception | None) -> bool:
 PROGRESS = frozenset({"step", "heartbeat_at"})  # bookkeeping a later line's flush may carry to the OS
 
 
+class Mirroring(Protocol):
+    """Where the writer hands what the database took, to be sent on (:class:`attnres.mirrors.sender.Sender`)."""
+
+    def send(self, rows: list[tuple[int, dict[str, float]]]) -> None: ...
+    def catch_up(self) -> None: ...
+    def status(self, to: str) -> None: ...
+    def close(self, timeout: float = ...) -> bool: ...
+
+
 class MetricWriter:
     """Buffered, background, spool-backed writer of one run's metrics and state."""
 
-    def __init__(self, engine: Engine, run_id: int, spool_path: Path, interval: float = 2.0) -> None:
+    def __init__(self, engine: Engine, run_id: int, spool_path: Path, interval: float = 2.0,
+                 mirror: Mirroring | None = None) -> None:
         self.engine, self.run_id, self.spool, self.interval = engine, run_id, Path(spool_path), interval
+        self.mirror = mirror  # gets what the database took (the mirrors' own thread sends it on)
         self.lock = threading.Lock()
         self.pending: list[tuple[int, dict[str, float]]] = []  # (step, values) as added; rows are made off-thread
         self.fields: dict[str, object] = {}  # bookkeeping columns, latest value wins
@@ -225,6 +237,8 @@ class MetricWriter:
                 store.summarize(self.engine, self.run_id)
             except (SQLAlchemyError, OSError):
                 pass
+        if self.mirror is not None:
+            self.mirror.close()  # (what a mirror did not take by then is left to `attnres sync --mirror`)
         return ok
 
     # -- consumer side (background thread) --------------------------------------------------------
@@ -248,6 +262,8 @@ class MetricWriter:
             check_location(self.engine)  # never into a deleted database file that a pooled connection holds
             if self.failures and self.spool.exists():
                 spool.ingest(self.engine, self.spool, truncate=False)  # what earlier failures left
+                if self.mirror is not None:
+                    self.mirror.catch_up()
             for step in drops:
                 store.drop_metrics_after(self.engine, self.run_id, step)
             store.log_steps(self.engine, self.run_id, entries)
@@ -255,10 +271,14 @@ class MetricWriter:
             if last is not None:
                 self.last_row = (next(reversed(last[1])), last[0])
             store.update_run(self.engine, self.run_id, **store.parse_times(fields))
+            if self.mirror is not None:
+                self.mirror.send(entries)
             for to, extra in moves:
                 outcome = states.transition(self.engine, self.run_id, to, states.TRAINER, **store.parse_times(extra))
                 if not outcome and outcome.status != to:
                     self.refused.append((to, outcome.status))
+                if self.mirror is not None:
+                    self.mirror.status(outcome.status or to)
         except (SQLAlchemyError, OSError, AttnresError) as exc:
             with self.lock:
                 self.pending = entries + self.pending

@@ -17,7 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from attnres.errors import AttnresError
 from attnres.logline import say
-from attnres.tracking import spool, states, store
+from attnres.tracking import on_end, spool, states, store
 from attnres.tracking.writer import MetricWriter
 from attnres.training.loop import Ending
 
@@ -45,7 +45,13 @@ class RunRecorder:
         run = store.get_run(engine, run_id)
         self.rule = json.loads(run.rule_json) if run.rule_json else None
         self.scope = {"experiment": run.experiment, "preset": run.preset, "total_steps": run.total_steps}
-        self.writer = MetricWriter(engine, run_id, store.spool_path(run))
+        specs = json.loads(run.mirrors_json) if run.mirrors_json else []
+        sender = None
+        if specs:
+            from attnres.mirrors.sender import Sender
+
+            sender = Sender(engine, run_id, specs)
+        self.writer = MetricWriter(engine, run_id, store.spool_path(run), mirror=sender)
         with spool.held(self.writer.spool):  # a monitor cannot judge the run between the replay and our start
             if self.writer.spool.exists() and self.writer.spool.stat().st_size:
                 spool.ingest(engine, self.writer.spool)  # what an earlier attempt could not write
@@ -71,13 +77,14 @@ class RunRecorder:
         self.writer.progress(step)  # (the heartbeat thread keeps heartbeat_at fresh, every few seconds)
 
     def verdict(self, step: int, eval_loss: float) -> str | None:
-        """The early-stop rule: worse than the baseline's mean eval loss (same experiment, preset and budget)
-        by more than ``by``."""
+        """The early-stop rule: worse than the baseline's mean eval loss (same experiment, preset and budget,
+        and in a sweep the same cell) by more than ``by``."""
         r = self.rule
         if r is None or step != r["at_step"]:
             return None
         try:
-            base = store.eval_at_step(self.engine, r["baseline"], step=step, exclude=self.run_id, **self.scope)
+            base = store.eval_at_step(self.engine, r["baseline"], step=step, exclude=self.run_id,
+                                      settings=r.get("settings"), **self.scope)
         except SQLAlchemyError:
             return None  # the database is away: no verdict, training goes on
         if base is None or eval_loss <= base + r["by"]:
@@ -104,6 +111,7 @@ class RunRecorder:
         self.heartbeat.stopped.set()
         self.writer.transition(status, **fields)
         ok = self.writer.close()
+        on_end.wait()  # the --on-end command the recorded end started (the trainer leaves without teardown)
         for asked, was in self.writer.refused:
             say(f"attnres: run {self.run_id} was already {was}: its change to {asked} is not recorded")
         if not ok:

@@ -1,0 +1,122 @@
+"""Hyperparameter grids: ``--set key=a,b`` expanded into cells, and the cell a recorded run belongs to.
+
+A launch's ``--set lr=3e-4,1e-3`` sweeps ``lr``; several swept keys make a product, and every cell is
+trained for every variant and seed. The same seed gives every cell the same data order and the same
+initial weights (both are functions of the seed alone), so cells compare paired by seed.
+
+Which settings a recorded grid sweeps is read from the runs themselves, not from how they were
+launched: a setting is *swept* where one variant's runs (in one experiment, preset, budget and
+dataset) hold more than one value of it. So a grid launched in two commands, or extended later, is
+one grid, and runs of different settings are never pooled as seeds of one variant.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Iterable, Mapping
+
+from attnres.errors import AttnresError
+
+#: config entries that do not make a cell: who the run is (variant, seed, scope), the variant's revision
+#: (reports set earlier revisions aside), and bookkeeping that changes neither what is trained nor what is measured
+NOT_SETTINGS = frozenset({"variant", "seed", "preset", "experiment", "data", "revision", "compile", "compile_cuda",
+                          "log_every", "checkpoint_every"})
+
+
+def split_sweeps(overrides: Iterable[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """``--set`` items as (fixed items, swept key -> its values); one clear line for a malformed list."""
+    fixed: list[str] = []
+    swept: dict[str, list[str]] = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or "," not in value:
+            fixed.append(item)
+            continue
+        values = [v.strip() for v in value.split(",")]
+        if not key or any(not v for v in values):
+            raise AttnresError(f"bad --set '{item}': a swept setting is KEY=A,B,... with no empty value")
+        if len({normal(v) for v in values}) != len(values):
+            raise AttnresError(f"bad --set '{item}': a value is given twice")
+        if key in swept:
+            raise AttnresError(f"--set sweeps {key} twice: give all its values in one list")
+        swept[key] = values
+    for item in fixed:
+        if item.partition("=")[0] in swept:
+            raise AttnresError(f"--set {item.partition('=')[0]} is both fixed and swept: give it once")
+    return fixed, swept
+
+
+def cells(swept: Mapping[str, list[str]]) -> list[dict[str, str]]:
+    """Every combination of the swept values, in the order given ([{}] when nothing is swept)."""
+    keys = list(swept)
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(swept[k] for k in keys))]
+
+
+def normal(value: object) -> str:
+    """A setting's value as one canonical string: ``1e-3``, ``0.001`` and ``0.0010`` are the same value."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() and abs(value) < 1e15 else format(value, ".6g")
+    text = str(value).strip()
+    for kind in (int, float):
+        try:
+            number = kind(text)
+        except ValueError:
+            continue
+        return normal(number) if not (isinstance(number, float) and not math.isfinite(number)) else text
+    return text.lower() if text.lower() in {"true", "false"} else text
+
+
+def settings(config_json: str | None) -> dict[str, str]:
+    """A recorded config's settings by their ``--set`` names (normalised values; bookkeeping left out)."""
+    try:
+        config = json.loads(config_json or "{}")
+    except ValueError:
+        return {}
+    out: dict[str, str] = {}
+
+    def walk(d: Mapping[str, object]) -> None:
+        for key, value in d.items():
+            if isinstance(value, Mapping):
+                walk(value)
+            elif key not in NOT_SETTINGS:
+                out[key] = normal(value)
+
+    if isinstance(config, Mapping) and "model" in config:  # (an imported run has no model config to compare)
+        walk(config)
+    return out
+
+
+def swept_keys(runs: Iterable[tuple[str, Mapping[str, str]]]) -> list[str]:
+    """The settings swept among ``(variant, settings)`` pairs: more than one value within one variant."""
+    seen: dict[tuple[str, str], set[str]] = {}
+    for variant, values in runs:
+        for key, value in values.items():
+            seen.setdefault((variant, key), set()).add(value)
+    return sorted({key for (_, key), values in seen.items() if len(values) > 1})
+
+
+def label(values: Mapping[str, str], keys: Iterable[str]) -> str:
+    """A cell's name from a run's settings: ``lr=0.001 warmup=10`` ('' when nothing is swept)."""
+    return " ".join(f"{k}={values[k]}" for k in keys if k in values)
+
+
+def parse_pick(items: Iterable[str]) -> dict[str, str]:
+    """``--set KEY=VALUE`` filters of report/compare/status: the cell's values, normalised."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value or "," in value:
+            raise AttnresError(f"bad --set '{item}': pick one cell with KEY=VALUE, e.g. --set lr=1e-3")
+        out[key] = normal(value)
+    return out
+
+
+def matches(values: Mapping[str, str], pick: Mapping[str, str]) -> bool:
+    """Whether a run's settings hold every picked value."""
+    return all(values.get(k) == v for k, v in pick.items())

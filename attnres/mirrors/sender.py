@@ -1,0 +1,213 @@
+"""Sending one run to its mirrors: as it trains (a thread fed by the metric writer) or later (``sync``).
+
+The training thread never sees a mirror. The metric writer hands each batch it wrote to the
+database to a :class:`Sender`, whose own thread sends it on, so neither training nor our database
+waits on a tracker. Each mirror is sent only what is past its marks (:mod:`attnres.tracking.mirror_marks`),
+and the marks move once the mirror took a batch: a resumed run, a second sender or ``attnres sync
+--mirror`` sends nothing twice. A mirror that cannot be used (its package missing, its server
+away, an error) costs one warning line; it is left out for the rest of the run, and what it did not
+get is sent later by ``attnres sync --mirror SPEC``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import queue
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from attnres import mirrors
+from attnres.logline import say
+from attnres.tracking import mirror_marks, states
+
+if TYPE_CHECKING:
+    from attnres.tracking.schema import Run
+
+Rows = list[tuple[int, dict[str, float]]]
+CHUNK = 1000  # steps a sync sends per call of a mirror (MLflow's log_batch takes 1,000 values a call)
+
+
+def database_id(engine: Engine) -> str:
+    """A short digest of where the database is: a run's identity in a mirror is its id and this."""
+    url = engine.url
+    where = str(url.database or "")
+    if url.get_backend_name() == "sqlite" and where and where != ":memory:":
+        from pathlib import Path
+
+        where = str(Path(where).resolve())
+    return hashlib.sha256(f"{url.get_backend_name()}://{url.host or ''}:{url.port or ''}/{where}".encode()
+                          ).hexdigest()[:8]
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in d.items():
+        name = f"{prefix}{key}"
+        out.update(_flat(value, name + ".") if isinstance(value, dict) else {name: json.dumps(value)
+                                                                             if not isinstance(value, str) else value})
+    return out
+
+
+def run_info(engine: Engine, run: Run) -> mirrors.RunInfo:
+    """How a run is named and described in a mirror (its config as params, its place as tags)."""
+    try:
+        config = json.loads(run.config_json or "{}")
+    except ValueError:
+        config = {}
+    db = database_id(engine)
+    tags = {"attnres.run_id": str(run.id), "attnres.variant": run.variant, "attnres.seed": str(run.seed),
+            "attnres.preset": run.preset, "attnres.experiment": run.experiment or run.preset,
+            "attnres.config_hash": run.config_hash, "attnres.database": db}
+    return mirrors.RunInfo(run_id=run.id, identity=f"{run.id}-{db}", name=f"{run.variant} s{run.seed} #{run.id}",
+                           experiment=run.experiment or run.preset, params=_flat(config), tags=tags)
+
+
+def _after(rows: Iterable[tuple[int, dict[str, float]]], marks: dict[str, int]) -> Rows:
+    """The values past the marks (a resumed attempt's re-trained steps were sent by the first one)."""
+    out = []
+    for step, values in rows:
+        fresh = {k: v for k, v in values.items() if step > marks.get(k, -1)}
+        if fresh:
+            out.append((step, fresh))
+    return out
+
+
+class Link:
+    """One run's connection to one mirror: opened once, then sent what is past its marks."""
+
+    def __init__(self, engine: Engine, run: Run, spec: str) -> None:
+        self.engine, self.run_id, self.spec = engine, run.id, spec
+        self.mirror = mirrors.make(mirrors.parse(spec))
+        self.marks = mirror_marks.marks(engine, run.id, spec)
+        self.mirror.open(run_info(engine, run))
+        self.unsaved: dict[str, int] = {}
+
+    def send(self, rows: Iterable[tuple[int, dict[str, float]]]) -> int:
+        """Send what is past the marks; returns the values sent."""
+        fresh = _after(rows, self.marks)
+        if not fresh:
+            return 0
+        self.mirror.log(fresh)
+        for step, values in fresh:
+            for key in values:
+                self.marks[key] = self.unsaved[key] = step
+        self.save()
+        return sum(len(v) for _, v in fresh)
+
+    def save(self) -> None:
+        """Record the marks (kept and retried with the next batch if the database is away now)."""
+        try:
+            mirror_marks.save_marks(self.engine, self.run_id, self.spec, self.unsaved)
+            self.unsaved = {}
+        except SQLAlchemyError:
+            pass
+
+
+def _warn(run_id: int, spec: str, exc: BaseException) -> None:
+    text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    say(f"attnres: warning: mirror {spec} left out for run {run_id} ({text}); training and the database go on; "
+        f"`attnres sync --mirror {spec}` sends what it missed", err=True)
+
+
+class Sender:
+    """The background sender of one training run to its mirrors (fed by the metric writer)."""
+
+    def __init__(self, engine: Engine, run_id: int, specs: Sequence[str]) -> None:
+        self.engine, self.run_id, self.specs = engine, run_id, list(specs)
+        self.inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self.links: list[Link] = []
+        self.thread = threading.Thread(target=self._loop, name="attnres-mirror", daemon=True)
+        self.thread.start()
+
+    def send(self, rows: Rows) -> None:
+        """Rows the database now holds (called by the writer's thread; returns at once)."""
+        if rows:
+            self.inbox.put(("rows", rows))
+
+    def catch_up(self) -> None:
+        """The database took rows some other way (a spool replayed after it was away): send them from there."""
+        self.inbox.put(("catch up", None))
+
+    def status(self, to: str) -> None:
+        """The run moved to ``to`` (an end is passed on to the mirrors, which then finish their run)."""
+        self.inbox.put(("status", to))
+
+    def close(self, timeout: float = 120.0) -> bool:
+        """Send what is queued and finish; False (with one line) if the mirrors were still busy at ``timeout``."""
+        self.inbox.put(("close", None))
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            say(f"attnres: warning: mirrors still sending run {self.run_id} after {timeout:g} s; left to "
+                f"`attnres sync --mirror`", err=True)
+            return False
+        return True
+
+    def _each(self, action: Callable[[Link], object]) -> None:
+        for link in list(self.links):
+            try:
+                action(link)
+            except Exception as exc:  # noqa: BLE001 - a tracker's failure of any kind must not reach training
+                _warn(self.run_id, link.spec, exc)
+                self.links.remove(link)
+
+    def _loop(self) -> None:
+        run = None
+        try:
+            run = mirror_marks.mirrored_runs(self.engine, [self.run_id])[0]
+        except Exception as exc:  # noqa: BLE001
+            for spec in self.specs:
+                _warn(self.run_id, spec, exc)
+        for spec in self.specs if run is not None else []:
+            try:
+                link = Link(self.engine, run, spec)
+                link.send(mirror_marks.unsent(self.engine, self.run_id, link.marks))  # what earlier attempts missed
+                self.links.append(link)
+            except Exception as exc:  # noqa: BLE001 - missing package, unreachable server, bad URI: one warning
+                _warn(self.run_id, spec, exc)
+        while True:
+            kind, item = self.inbox.get()
+            if kind == "close":
+                return
+            if kind == "rows":
+                self._each(lambda link, rows=item: link.send(rows))
+            elif kind == "catch up":  # the database took values from the spool that never came through here
+                self._each(lambda link: link.send(mirror_marks.unsent(self.engine, self.run_id, link.marks)))
+            elif kind == "status" and item in (*states.ENDED, states.PREEMPTED):
+                self._each(lambda link, to=item: link.mirror.end(str(to)))
+
+
+def sync(engine: Engine, specs: Sequence[str], run_ids: Sequence[int] | None = None,
+         on_run: Callable[[int, str, int], None] | None = None) -> list[tuple[int, str, int | str]]:
+    """Send runs (``run_ids``, or every run) to mirrors: what each mirror does not hold yet, then the run's state
+    (a queued or running run is left to its trainer when the trainer sends it to that mirror itself).
+
+    Returns (run, mirror spec, values sent or the error's first line); ``on_run(run, spec, sent)`` is
+    called as each is done (progress).
+    """
+    targets = [mirrors.parse(s).spec() for s in specs]
+    done: list[tuple[int, str, int | str]] = []
+    for run in mirror_marks.mirrored_runs(engine, run_ids):
+        own = json.loads(run.mirrors_json) if run.mirrors_json else []
+        for spec in targets:
+            if run.status in states.ACTIVE and spec in own:
+                continue  # its trainer is sending it there now: two senders would race over the marks
+            try:
+                link = Link(engine, run, spec)
+                rows = mirror_marks.unsent(engine, run.id, link.marks)
+                sent = sum(link.send(rows[i:i + CHUNK]) for i in range(0, len(rows), CHUNK))
+                if run.status in (*states.ENDED, states.PREEMPTED):
+                    link.mirror.end(run.status)
+                result: int | str = sent
+            except mirrors.MirrorUnavailable:
+                raise
+            except Exception as exc:  # noqa: BLE001 - reported per run; the others are still sent
+                result = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            done.append((run.id, spec, result))
+            if on_run is not None:
+                on_run(run.id, spec, result if isinstance(result, int) else -1)
+    return done

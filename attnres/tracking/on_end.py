@@ -1,0 +1,108 @@
+"""``--on-end CMD``: the user's command, run when a run ends, with the run's facts in its environment.
+
+The state machine calls :func:`run_ended` once a transition to an end (finished, failed, killed,
+diverged, stopped) is recorded. A transition is a compare-and-set, so exactly one process records a
+run's end, whichever it is (the trainer, the queue, a monitor, ``attnres kill``, ``attnres sync``), and
+that process runs the command, once. It is an argument list, never given to a shell; it starts at once
+and is waited for on a thread, so no writer waits on it. A command that cannot start, fails or outlives
+``ATTNRES_ON_END_TIMEOUT`` seconds (default 300) costs one warning line and changes nothing recorded.
+
+Environment of the command: ``ATTNRES_RUN_ID``, ``ATTNRES_VARIANT``, ``ATTNRES_SEED``, ``ATTNRES_STATE``,
+``ATTNRES_EXPERIMENT``, ``ATTNRES_PRESET``, ``ATTNRES_STEP``, ``ATTNRES_TOTAL_STEPS``, ``ATTNRES_LAST_EVAL``
+and ``ATTNRES_LAST_EVAL_STEP`` (empty when the run has no eval), ``ATTNRES_MESSAGE`` (why it ended, if
+recorded) and ``ATTNRES_LOG`` (its log file).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+
+from sqlalchemy import Engine, select
+from sqlalchemy.exc import SQLAlchemyError
+
+from attnres.logline import say
+from attnres.tracking.schema import Metric, MetricKey, Run
+
+_waiting: list[threading.Thread] = []
+_lock = threading.Lock()
+
+
+def timeout_s() -> float:
+    try:
+        return max(0.0, float(os.environ.get("ATTNRES_ON_END_TIMEOUT", "300")))
+    except ValueError:
+        return 300.0
+
+
+def facts(engine: Engine, run_id: int) -> tuple[list[str] | None, dict[str, str]]:
+    """The run's command (None: it has none) and the environment variables that describe its end."""
+    with engine.connect() as conn:
+        run = conn.execute(select(Run.on_end_json, Run.variant, Run.seed, Run.status, Run.experiment, Run.preset,
+                                  Run.step, Run.total_steps, Run.message, Run.log_path)
+                           .where(Run.id == run_id)).one_or_none()
+        if run is None or not run.on_end_json:
+            return None, {}
+        key = select(MetricKey.id).where(MetricKey.name == "eval_loss").scalar_subquery()
+        last = conn.execute(select(Metric.step, Metric.value).where(Metric.run_id == run_id, Metric.key_id == key)
+                            .order_by(Metric.step.desc()).limit(1)).one_or_none()
+    env = {"ATTNRES_RUN_ID": str(run_id), "ATTNRES_VARIANT": run.variant, "ATTNRES_SEED": str(run.seed),
+           "ATTNRES_STATE": run.status, "ATTNRES_EXPERIMENT": run.experiment or "", "ATTNRES_PRESET": run.preset,
+           "ATTNRES_STEP": str(run.step), "ATTNRES_TOTAL_STEPS": str(run.total_steps),
+           "ATTNRES_LAST_EVAL": "" if last is None else repr(float(last.value)),
+           "ATTNRES_LAST_EVAL_STEP": "" if last is None else str(last.step),
+           "ATTNRES_MESSAGE": (run.message or "")[:2000], "ATTNRES_LOG": run.log_path or ""}
+    return json.loads(run.on_end_json), env
+
+
+def run_ended(engine: Engine, run_id: int) -> None:
+    """Start the run's ``--on-end`` command, if it has one; never raises (a failure is one warning)."""
+    try:
+        argv, env = facts(engine, run_id)
+    except (SQLAlchemyError, ValueError, OSError) as exc:
+        say(f"attnres: warning: run {run_id}'s --on-end command not run: {str(exc).splitlines()[0][:200]}",
+            err=True)
+        return
+    if not argv:
+        return
+    try:
+        proc = subprocess.Popen(list(argv), env={**os.environ, **env}, stdin=subprocess.DEVNULL,
+                                start_new_session=True)  # (a Ctrl-C or kill of our group is not its end)
+    except (OSError, ValueError) as exc:
+        say(f"attnres: warning: run {run_id}'s --on-end command {argv[0]!r} could not start: {exc}", err=True)
+        return
+    waiter = threading.Thread(target=_wait, args=(proc, run_id, argv), name="attnres-on-end", daemon=True)
+    with _lock:
+        if not _waiting:
+            atexit.register(wait)  # a command-line verb does not leave before its commands are done
+        _waiting.append(waiter)
+    waiter.start()
+
+
+def _wait(proc: subprocess.Popen, run_id: int, argv: Sequence[str]) -> None:
+    try:
+        code = proc.wait(timeout_s())
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        say(f"attnres: warning: run {run_id}'s --on-end command {argv[0]!r} ran past {timeout_s():g} s "
+            "(ATTNRES_ON_END_TIMEOUT) and was stopped", err=True)
+        return
+    if code != 0:
+        say(f"attnres: warning: run {run_id}'s --on-end command {argv[0]!r} exited with {code}", err=True)
+
+
+def wait(timeout: float | None = None) -> None:
+    """Wait for the commands this process started (a process about to leave calls it)."""
+    deadline = time.monotonic() + (timeout_s() + 5 if timeout is None else timeout)
+    with _lock:
+        waiting = list(_waiting)
+    for waiter in waiting:
+        waiter.join(max(0.0, deadline - time.monotonic()))
+    with _lock:
+        _waiting[:] = [w for w in _waiting if w.is_alive()]

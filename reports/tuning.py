@@ -1,0 +1,69 @@
+"""``--tuned KEY``: every variant compared at its own best value of a swept setting. Pure functions.
+
+A fair comparison of two residual paths gives each its best learning rate (or warmup, ...), not one
+rate that suits one of them. For each variant this picks the value with the lowest mean eval loss over
+seeds at the latest eval step that every value of that variant reached, keeps that value's runs, and
+says what won and where. The pick and the comparison use the same held-out eval, so the tuned numbers
+are a little optimistic (a winner's curse that shrinks with more seeds); the table shows every value,
+so a reader sees how close the runners-up were.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from attnres import grid
+from reports.stats import ReportError, finite
+
+
+def _step(evals: pd.DataFrame, groups: list[list[int]]) -> int | None:
+    """The latest eval step that at least one run of every group has."""
+    have = [set(evals.loc[evals["run_id"].isin(ids), "step"]) for ids in groups]
+    shared = set.intersection(*have) if have else set()
+    return max(shared) if shared else None
+
+
+def tune(runs: pd.DataFrame, evals: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the runs of each variant's best value of ``key``, the table of every value with the winner marked)."""
+    evals = finite(evals)
+    value = pd.Series([grid.settings(c).get(key, "—") for c in runs["config_json"]], index=runs.index)
+    kept, rows = [], []
+    for variant, mine in runs.groupby("variant", sort=False):
+        by_value = {v: mine[value[mine.index] == v] for v in sorted(set(value[mine.index]), key=_order)}
+        step = _step(evals, [g["id"].tolist() for g in by_value.values()])
+        scores = {}
+        for v, group in by_value.items():
+            at = evals[evals["run_id"].isin(group["id"]) & (evals["step"] == step)]["value"]
+            scores[v] = (float(at.mean()) if len(at) else math.nan, len(at))
+        ranked = [v for v in by_value if not math.isnan(scores[v][0])]
+        if not ranked:
+            raise ReportError(f"--tuned {key}: {variant} has no eval loss that all its {key} values reached")
+        best = min(ranked, key=lambda v: scores[v][0])
+        kept.append(by_value[best])
+        for v in by_value:
+            mean, seeds = scores[v]
+            rows.append({"Variant": variant, key: v, "Seeds": seeds, "Eval step": "—" if step is None else f"{step:,}",
+                         "Eval loss": "n/a" if math.isnan(mean) else f"{mean:.4f}",
+                         "Picked": "best" if v == best else ""})
+    return pd.concat(kept).sort_index(), pd.DataFrame(rows)
+
+
+def _order(value: str) -> tuple[int, float | str]:
+    """Numbers in numeric order, then words."""
+    try:
+        return 0, float(value)
+    except ValueError:
+        return 1, value
+
+
+def tuning_markdown(table: pd.DataFrame, key: str) -> str:
+    """The document's section that says which value of ``key`` each variant is compared at, and why."""
+    winners = table[table["Picked"] == "best"]
+    picked = "; ".join(f"{r['Variant']} at {key}={r[key]}" for _, r in winners.iterrows())
+    return (f"## Tuning of {key}\n\nEach variant is compared at its best {key}: the value with the lowest mean eval "
+            f"loss (held-out data) over its seeds, at the latest eval step every value of that variant reached. "
+            f"Picked: {picked}. The pick and the comparison below use the same eval, so the tuned losses are "
+            f"slightly optimistic; the runners-up are listed.\n\n"
+            + table.to_markdown(index=False, disable_numparse=True) + "\n")

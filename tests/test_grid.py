@@ -1,0 +1,140 @@
+"""Hyperparameter grids: `--set k=a,b` expands into cells; status, report and compare group by them."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+
+import pytest
+from conftest import FAST, attnres, in_process, runs
+
+from attnres import grid, planning
+from attnres.errors import AttnresError
+
+# -- expansion and naming (in process) ---------------------------------------------------------------
+
+
+def test_a_swept_setting_expands_into_variant_x_value_x_seed_cells():
+    req = planning.request(["standard", "control_block"], [42, 1337], "tiny", 20,
+                           ["lr=1e-3,3e-3", "warmup=2", "weight_decay=0,0.1"])
+    assert req.sweep == {"lr": ["1e-3", "3e-3"], "weight_decay": ["0", "0.1"]}
+    cells = planning.plan(None, req)
+    assert len(cells) == 2 * 2 * 2 * 2
+    seen = {(c.cfg.variant, c.cfg.train.lr, c.cfg.train.weight_decay, c.cfg.seed) for c in cells}
+    assert len(seen) == 16 and all(c.cfg.train.warmup == 2 and c.cfg.train.steps == 20 for c in cells)
+    assert len({c.cfg.config_hash for c in cells}) == 16  # every cell is its own run (de-dup by config)
+    # the order: variant, then the swept values (first key slowest), then seed
+    assert [(c.cfg.train.lr, c.cfg.train.weight_decay, c.cfg.seed) for c in cells[:4]] == [
+        (1e-3, 0.0, 42), (1e-3, 0.0, 1337), (1e-3, 0.1, 42), (1e-3, 0.1, 1337)]
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["lr=1e-3,"], "no empty value"),
+    (["lr=1e-3,0.001"], "given twice"),
+    (["lr=1e-3,3e-3", "lr=3e-4"], "both fixed and swept"),
+    (["lr=1e-3,3e-3", "lr=1,2"], "sweeps lr twice"),
+    (["lr=1e-3,abc"], "bad value 'abc' for lr"),
+    (["n_layr=1,2"], "n_layr"),
+])
+def test_a_malformed_sweep_is_one_line(sets, message):
+    with pytest.raises(AttnresError, match=message):
+        planning.request(["standard"], [1], "tiny", None, sets)
+
+
+def test_values_are_named_the_same_however_they_were_typed():
+    assert grid.normal("1e-3") == grid.normal(0.001) == grid.normal("0.0010") == "0.001"
+    assert grid.normal("3") == grid.normal(3.0) == grid.normal(3) == "3"
+    assert grid.normal(True) == grid.normal("True") == "true"
+    assert grid.parse_pick(["lr=1E-3"]) == {"lr": "0.001"}
+    with pytest.raises(AttnresError):
+        grid.parse_pick(["lr=1e-3,3e-3"])
+
+
+def test_swept_settings_are_read_from_the_runs_within_one_variant():
+    def cfg(variant, lr, n_layer=4):
+        return planning.resolve_run(variant, "tiny", 1, [f"lr={lr}", f"n_layer={n_layer}"]).to_json()
+
+    recorded = [("standard", grid.settings(cfg("standard", 1e-3))), ("standard", grid.settings(cfg("standard", 3e-3))),
+                ("deep_baseline", grid.settings(cfg("control_block", 1e-3, 8)))]
+    # n_layer differs between variants only (a variant's own shape): not swept; lr differs within one: swept
+    assert grid.swept_keys(recorded) == ["lr"]
+    assert grid.label(recorded[1][1], ["lr"]) == "lr=0.003"
+    assert "seed" not in recorded[0][1] and "log_every" not in recorded[0][1]
+
+
+# -- a real grid: 2 variants x 2 learning rates x 2 seeds ----------------------------------------------
+
+
+def _eval_means(workdir, step):
+    """Per (variant, lr): the mean eval loss at ``step`` over seeds, read straight from the database."""
+    with sqlite3.connect(workdir / "runs.db") as conn:
+        rows = conn.execute("select r.variant, json_extract(r.config_json, '$.train.lr'), avg(m.value) "
+                            "from runs r join metrics m on m.run_id = r.id join metric_keys k on k.id = m.key_id "
+                            "where k.name = 'eval_loss' and m.step = ? group by 1, 2", (step,)).fetchall()
+    return {(v, grid.normal(lr)): mean for v, lr, mean in rows}
+
+
+def test_a_grid_is_grouped_by_its_cells_and_each_variant_is_compared_at_its_best_value(workdir, capsys,
+                                                                                       monkeypatch):
+    out = attnres("launch", "standard", "control_block", "--seeds", "42", "1337", *FAST, "--steps", "12",
+                  "--set", "log_every=1", "--set", "lr=3e-3,1e-5", check=True).stdout
+    assert "standard lr=3e-3 seed=42" in out and "control_block lr=1e-5 seed=1337" in out
+    done = runs(workdir)
+    assert len(done) == 8 and {r["status"] for r in done} == {"finished"}
+
+    # the cells of one seed share its data order and initial weights: the first step's loss (before any
+    # update) is the same at both learning rates, and differs between seeds
+    with sqlite3.connect(workdir / "runs.db") as conn:
+        first = conn.execute("select r.variant, r.seed, json_extract(r.config_json, '$.train.lr'), m.value from runs r "
+                             "join metrics m on m.run_id = r.id join metric_keys k on k.id = m.key_id "
+                             "where k.name = 'train_loss' and m.step = 1").fetchall()
+    by = {(v, s, lr): x for v, s, lr, x in first}
+    for v in ("standard", "control_block"):
+        for s in (42, 1337):
+            assert by[(v, s, 3e-3)] == by[(v, s, 1e-5)]
+        assert by[(v, 42, 3e-3)] != by[(v, 1337, 3e-3)]
+
+    code, shown, _ = in_process(["status"], capsys, monkeypatch)
+    assert code == 0 and "settings" in shown and shown.count("lr=0.003") == 4 and shown.count("lr=1e-05") == 4
+
+    # the default report compares one cell, never pooling the two rates, and names the other cell
+    code, _, err = in_process(["report", "--out", "plain.md", "--no-plots"], capsys, monkeypatch)
+    assert code == 0, err
+    plain = (workdir / "plain.md").read_text()
+    assert re.search(r"Scope: experiment tiny, preset tiny, 12 steps, data builtin-bytes, lr=(0\.003|1e-05)\.",
+                     plain)
+    assert "--set lr=" in plain.split("## Other Experiments in This Database")[1]
+
+    # --tuned lr: each variant at the rate with its lowest mean eval loss at the last step, said so
+    code, _, err = in_process(["report", "--out", "tuned.md", "--no-plots", "--tuned", "lr"], capsys, monkeypatch)
+    assert code == 0, err
+    tuned = (workdir / "tuned.md").read_text()
+    section = tuned.split("## Tuning of lr")[1].split("\n## ")[0]
+    means = _eval_means(workdir, 12)
+    for v in ("standard", "control_block"):
+        best = min(("0.003", "1e-05"), key=lambda lr, v=v: means[(v, lr)])
+        assert re.search(rf"\| {v} +\| {re.escape(best)} +\| 2 +\| 12 +\| {means[(v, best)]:.4f} +\| best +\|",
+                         section), section
+        assert f"{v} at lr={best}" in section
+    assert "each variant at its best lr" in tuned and "same eval" in section
+    # the results table holds each variant's picked runs only: its loss is the picked cell's mean
+    results = tuned.split("## Results")[1].split("\n## ")[0]
+    best_std = min(("0.003", "1e-05"), key=lambda lr: means[("standard", lr)])
+    assert f"| {means[('standard', best_std)]:.3f} ± " in results
+
+    code, shown, err = in_process(["compare", "standard", "control_block", "--tuned", "lr"], capsys, monkeypatch)
+    assert code == 0, err
+    assert "Tuning of lr" in shown and "best" in shown
+    code, shown, err = in_process(["compare", "standard", "control_block", "--set", "lr=1e-5"], capsys, monkeypatch)
+    assert code == 0 and "lr=1e-05" in shown, err
+
+    # asking for what is not there is one line, exit 2
+    code, _, err = in_process(["report", "--tuned", "warmup", "--out", "x.md"], capsys, monkeypatch)
+    assert code == 2 and "warmup has one value" in err and len(err.strip().splitlines()) == 1
+    code, _, err = in_process(["report", "--set", "lr=0.5", "--out", "x.md"], capsys, monkeypatch)
+    assert code == 2 and "--set lr=0.5" in err
+
+    # launching the same grid again runs nothing: every cell finished with its config
+    again = attnres("launch", "standard", "control_block", "--seeds", "42", "1337", *FAST, "--steps", "12",
+                    "--set", "log_every=1", "--set", "lr=3e-3,1e-5", check=True).stdout
+    assert again.count("skip") == 8 and len(runs(workdir)) == 8

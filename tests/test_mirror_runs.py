@@ -1,0 +1,131 @@
+"""Mirrors end to end: a real run sent to real local MLflow, trackio and W&B stores as it trains, every point
+read back through each tracker's own reader; a mirror that fails costs one warning, and `attnres sync
+--mirror` sends what it missed, once."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import FAST, attnres, curve, in_process, runs
+from test_mirrors import mlflow_points, wandb_read
+
+KEYS = ["train_loss", "lr", "grad_norm", "tokens_per_s", "peak_memory_bytes", "eval_loss"]
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+
+def ours(workdir, run_id: int = 1) -> dict[tuple[str, int], float]:
+    """Every point the run recorded in our database."""
+    return {(key, step): value for key in KEYS for step, value in curve(workdir, run_id, key).items()}
+
+
+def mlflow_run(uri: str, run_id: int):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    found = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                               filter_string=f"tags.`attnres.run_id` = '{run_id}'")
+    assert len(found) == 1  # one MLflow run per attnres run, however often it was sent
+    return found[0]
+
+
+def trackio_points(folder, project: str) -> dict[str, dict[tuple[str, int], float]]:
+    """Per trackio run of ``project``: its points, read by trackio's own reader (in a fresh process: trackio reads
+    TRACKIO_DIR once, on import)."""
+    code = ("import json, sys; from trackio.sqlite_storage import SQLiteStorage as S\n"
+            "p = sys.argv[1]\n"
+            "print(json.dumps({r: [[k, row['step'], v] for row in S.get_logs(p, r) for k, v in row.items()\n"
+            "    if k not in ('step', 'timestamp')] for r in S.get_runs(p)}))")
+    out = subprocess.run([sys.executable, "-c", code, project], capture_output=True, text=True, check=True,
+                         env={"TRACKIO_DIR": str(folder), "PATH": "/usr/bin:/bin"}).stdout
+    return {name: {(k, s): v for k, s, v in pts} for name, pts in json.loads(out.splitlines()[-1]).items()}
+
+
+def test_a_run_is_mirrored_to_mlflow_trackio_and_wandb_as_it_trains(workdir, monkeypatch):
+    for package in ("mlflow", "trackio", "wandb"):  # (not imported here: trackio reads TRACKIO_DIR once, on import)
+        if importlib.util.find_spec(package) is None:
+            pytest.skip(f"{package} is not installed (the test extra has it)")
+    monkeypatch.setenv("TRACKIO_DIR", str(workdir / "trackio"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(workdir))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    attnres("launch", "standard", "--seeds", "42", *FAST, "--steps", "30", "--set", "log_every=1",
+            "--mirror", f"mlflow={uri}", "--mirror", "trackio=attnres-test", "--mirror", "wandb=attnres-test",
+            check=True)
+    run = runs(workdir)[0]
+    assert run["status"] == "finished" and json.loads(run["mirrors_json"]) == [
+        f"mlflow={uri}", "trackio=attnres-test", "wandb=attnres-test"]
+    want = ours(workdir)
+    assert len(want) == 30 * 5 + 4  # every step's five values, and the evals at 0, 10, 20, 30
+
+    mirrored = mlflow_run(uri, 1)
+    assert mlflow_points(uri, mirrored.info.run_id, KEYS) == want
+    assert mirrored.info.status == "FINISHED" and mirrored.data.params["train.lr"] == "0.003"
+    assert mirrored.data.tags["attnres.variant"] == "standard" and mirrored.data.tags["attnres.seed"] == "42"
+
+    (tracked,) = trackio_points(workdir / "trackio", "attnres-test").values()
+    assert tracked == want
+
+    (wandb_file,) = (workdir / "wandb").glob("offline-run-*/run-*.wandb")
+    (files,) = wandb_read(workdir, wandb_file.stem.removeprefix("run-"))
+    assert files["points"] == want and files["exit_code"] == 0
+    assert files["config"]["train.lr"] == "0.003"
+    log = (workdir / "logs" / "run-1.log").read_text()
+    assert "warning: mirror" not in log  # nothing failed, nothing to warn about
+
+
+def test_a_failing_mirror_is_one_warning_and_sync_sends_what_it_missed_once(workdir, monkeypatch, capsys):
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    (workdir / "a-file").write_text("not a folder")
+    broken = f"mlflow=sqlite:///{workdir}/a-file/mlflow.db"  # a store that cannot be created
+    monkeypatch.setenv("ATTNRES_MIRROR", broken)  # (the environment's mirrors, as no --mirror is given)
+    attnres("launch", "standard", "--seeds", "42", *FAST, "--steps", "20", check=True)
+    run = runs(workdir)[0]
+    assert run["status"] == "finished" and json.loads(run["mirrors_json"]) == [broken]
+    log = (workdir / "logs" / "run-1.log").read_text()
+    assert log.count(f"attnres: warning: mirror {broken} left out for run 1") == 1
+    want = ours(workdir)
+    assert len(want) == 20 // 2 * 5 + 3  # training and our database went on: every value is recorded
+
+    good = f"sqlite:///{workdir}/mlflow.db"
+    sent = attnres("sync", "--mirror", f"mlflow={good}", check=True).stdout
+    assert f"mirrored 1 run(s): {len(want):,} values sent" in sent
+    mirrored = mlflow_run(good, 1)
+    assert mlflow_points(good, mirrored.info.run_id, KEYS) == want and mirrored.info.status == "FINISHED"
+    again = attnres("sync", "--mirror", f"mlflow={good}", "--run", "1", check=True).stdout
+    assert "mirrored 1 run(s): 0 values sent" in again
+    assert mlflow_points(good, mlflow_run(good, 1).info.run_id, KEYS) == want  # nothing twice
+
+    code, _, err = in_process(["sync", "--mirror", "tensorboard"], capsys, monkeypatch)
+    assert code == 2 and "bad --mirror 'tensorboard'" in err
+
+
+def test_the_mirrors_of_a_database_and_of_the_environment(workdir, monkeypatch, capsys):
+    from attnres import orchestrator, planning
+    from attnres.tracking.db import get_engine
+
+    code, out, _ = in_process(["mirror", "trackio=lab", "wandb"], capsys, monkeypatch)
+    assert code == 0 and "mirrors of this database: trackio=lab wandb" in out
+    engine = get_engine(str(workdir / "runs.db"))
+
+    def recorded(**asked) -> list[str] | None:
+        req = planning.request(["standard"], [len(runs(workdir)) + 1], "tiny", 5, **asked)
+        (run_id,) = orchestrator.enqueue(engine, planning.plan(engine, req), req)
+        mirrors = next(r for r in runs(workdir) if r["id"] == run_id)["mirrors_json"]
+        return json.loads(mirrors) if mirrors else None
+
+    assert recorded() == ["trackio=lab", "wandb"]  # the database's
+    monkeypatch.setenv("ATTNRES_MIRROR", "mlflow, trackio=env")
+    assert recorded() == ["mlflow", "trackio=env"]  # the environment's come first
+    assert recorded(mirrors=["wandb=flag"]) == ["wandb=flag"]  # and --mirror before both
+    assert recorded(mirrors=["none"]) is None  # --mirror none: not even those
+    code, out, _ = in_process(["mirror", "--clear"], capsys, monkeypatch)
+    assert code == 0 and "mirrors of this database: none" in out
+    code, _, err = in_process(["launch", "standard", "--mirror", "mlflow="], capsys, monkeypatch)
+    assert code == 2 and "bad --mirror" in err and len(err.strip().splitlines()) == 1

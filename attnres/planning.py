@@ -118,9 +118,10 @@ def on_end_command(command: str | None) -> list[str]:
         raise AttnresError(f"bad --on-end '{command}': {exc}") from None
     if not argv:
         raise AttnresError("--on-end needs a command, e.g. --on-end 'notify-send attnres'")
-    if shutil.which(argv[0]) is None:
+    found = shutil.which(argv[0])
+    if found is None:
         raise AttnresError(f"--on-end: command '{argv[0]}' not found (give a path or a command on PATH)")
-    return argv
+    return [os.path.abspath(found), *argv[1:]]  # (the process that records the end may run elsewhere)
 
 
 @dataclass

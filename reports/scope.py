@@ -5,7 +5,7 @@ A table never mixes experiments, presets, step budgets, datasets (a loss per GPT
 byte are different numbers) or the values of a swept setting (runs at two learning rates are not
 seeds of one variant: :mod:`attnres.grid`): a document covers one scope, and names the others the
 database holds. ``--tuned KEY`` joins the cells that differ only in KEY into one scope, where each
-variant is then compared at its best value (:mod:`reports.grid`).
+variant is then compared at its best value (:mod:`reports.tuning`).
 Within it, each comparison group (the shallow variants; the deep variants with the shallow baseline)
 is compared at its final step when its runs finished, else at the latest step its compared variants
 have all reached, labelled partial.

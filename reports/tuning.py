@@ -15,6 +15,7 @@ import math
 import pandas as pd
 
 from attnres import grid
+from attnres.tracking.states import EARLY
 from reports.stats import ReportError, finite
 
 
@@ -26,25 +27,39 @@ def _step(evals: pd.DataFrame, groups: list[list[int]]) -> int | None:
 
 
 def tune(runs: pd.DataFrame, evals: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(the runs of each variant's best value of ``key``, the table of every value with the winner marked)."""
+    """(the runs of each variant's best value of ``key``, the table of every value with the winner marked).
+
+    A value is ranked by its mean eval loss at the latest eval step that every *sound* value of the variant
+    reached: a value whose runs ended early (diverged, stopped, killed, failed) does not hold the others
+    back to its last eval, and ranks after every sound value, by its own loss at that step (a learning rate
+    at which one seed of two diverged is not a winner). The step is said in the table, and marked partial
+    when some of the variant's runs are still short of their budget.
+    """
     evals = finite(evals)
     value = pd.Series([grid.settings(c).get(key, "—") for c in runs["config_json"]], index=runs.index)
     kept, rows = [], []
     for variant, mine in runs.groupby("variant", sort=False):
         by_value = {v: mine[value[mine.index] == v] for v in sorted(set(value[mine.index]), key=_order)}
-        step = _step(evals, [g["id"].tolist() for g in by_value.values()])
+        early = {v: int(g["status"].isin(EARLY).sum()) for v, g in by_value.items()}
+        sound = [v for v in by_value if not early[v]] or list(by_value)
+        step = _step(evals, [by_value[v]["id"].tolist() for v in sound])
         scores = {}
         for v, group in by_value.items():
             at = evals[evals["run_id"].isin(group["id"]) & (evals["step"] == step)]["value"]
             scores[v] = (float(at.mean()) if len(at) else math.nan, len(at))
-        ranked = [v for v in by_value if not math.isnan(scores[v][0])]
+        ranked = sorted((v for v in by_value if not math.isnan(scores[v][0])),
+                        key=lambda v: (early[v] > 0, scores[v][0]))
         if not ranked:
             raise ReportError(f"--tuned {key}: {variant} has no eval loss that all its {key} values reached")
-        best = min(ranked, key=lambda v: scores[v][0])
+        best = ranked[0]
         kept.append(by_value[best])
+        partial = bool((mine["step"] < mine["total_steps"]).any()) and step is not None and \
+            step < int(mine["total_steps"].max())
         for v in by_value:
             mean, seeds = scores[v]
-            rows.append({"Variant": variant, key: v, "Seeds": seeds, "Eval step": "—" if step is None else f"{step:,}",
+            rows.append({"Variant": variant, key: v, "Seeds": f"{seeds} of {len(by_value[v])}",
+                         "Ended early": str(early[v]) if early[v] else "—",
+                         "Eval step": "—" if step is None else f"{step:,}" + (" (partial)" if partial else ""),
                          "Eval loss": "n/a" if math.isnan(mean) else f"{mean:.4f}",
                          "Picked": "best" if v == best else ""})
     return pd.concat(kept).sort_index(), pd.DataFrame(rows)
@@ -63,7 +78,8 @@ def tuning_markdown(table: pd.DataFrame, key: str) -> str:
     winners = table[table["Picked"] == "best"]
     picked = "; ".join(f"{r['Variant']} at {key}={r[key]}" for _, r in winners.iterrows())
     return (f"## Tuning of {key}\n\nEach variant is compared at its best {key}: the value with the lowest mean eval "
-            f"loss (held-out data) over its seeds, at the latest eval step every value of that variant reached. "
+            f"loss (held-out data) over its seeds, at the latest eval step every value of that variant reached "
+            f"(values whose runs ended early rank last and do not hold that step back). "
             f"Picked: {picked}. The pick and the comparison below use the same eval, so the tuned losses are "
             f"slightly optimistic; the runners-up are listed.\n\n"
             + table.to_markdown(index=False, disable_numparse=True) + "\n")

@@ -5,11 +5,13 @@ from __future__ import annotations
 import re
 import sqlite3
 
+import pandas as pd
 import pytest
 from conftest import FAST, attnres, in_process, runs
 
 from attnres import grid, planning
 from attnres.errors import AttnresError
+from reports.tuning import tune
 
 # -- expansion and naming (in process) ---------------------------------------------------------------
 
@@ -60,6 +62,36 @@ def test_swept_settings_are_read_from_the_runs_within_one_variant():
     assert grid.swept_keys(recorded) == ["lr"]
     assert grid.label(recorded[1][1], ["lr"]) == "lr=0.003"
     assert "seed" not in recorded[0][1] and "log_every" not in recorded[0][1]
+
+
+def _frames(arms):
+    """Synthetic runs and evals: ``arms`` maps (variant, lr) -> (status, {step: loss}) for seeds 1 and 2."""
+    runs_, evals = [], []
+    for (variant, lr), (status, curve_) in arms.items():
+        for seed in (1, 2):
+            rid = len(runs_) + 1
+            config = planning.resolve_run(variant, "tiny", seed, [f"lr={lr}", "steps=200"]).to_json()
+            last = max(curve_)
+            runs_.append({"id": rid, "variant": variant, "seed": seed, "status": status, "config_json": config,
+                          "step": last, "total_steps": 200})
+            evals += [{"run_id": rid, "step": s, "value": v + seed / 1000} for s, v in curve_.items()]
+    return pd.DataFrame(runs_), pd.DataFrame(evals)
+
+
+def test_tuning_picks_per_variant_at_the_final_step_and_a_diverged_value_does_not_hold_it_back():
+    arms = {("standard", 1e-3): ("finished", {0: 5.0, 100: 3.0, 200: 2.5}),
+            ("standard", 3e-3): ("finished", {0: 5.0, 100: 2.9, 200: 3.3}),  # better at 100, worse at the end
+            ("standard", 1e-2): ("diverged", {0: 5.0, 100: 2.0}),  # best at 100, then diverged
+            ("control_block", 1e-3): ("finished", {0: 5.0, 100: 3.1, 200: 2.9}),
+            ("control_block", 3e-3): ("finished", {0: 5.0, 100: 2.9, 200: 2.6}),
+            ("control_block", 1e-2): ("diverged", {0: 5.0})}  # diverged before its first eval after 0
+    runs_, evals = _frames(arms)
+    kept, table = tune(runs_, evals, "lr")
+    picked = {(r["Variant"], r["lr"]) for _, r in table[table["Picked"] == "best"].iterrows()}
+    assert picked == {("standard", "0.001"), ("control_block", "0.003")}  # each variant its own best, at step 200
+    assert set(table["Eval step"]) == {"200"}
+    assert table.set_index(["Variant", "lr"]).loc[("standard", "0.01"), "Ended early"] == "2"
+    assert sorted(kept["id"]) == [1, 2, 9, 10]
 
 
 # -- a real grid: 2 variants x 2 learning rates x 2 seeds ----------------------------------------------
@@ -113,8 +145,8 @@ def test_a_grid_is_grouped_by_its_cells_and_each_variant_is_compared_at_its_best
     means = _eval_means(workdir, 12)
     for v in ("standard", "control_block"):
         best = min(("0.003", "1e-05"), key=lambda lr, v=v: means[(v, lr)])
-        assert re.search(rf"\| {v} +\| {re.escape(best)} +\| 2 +\| 12 +\| {means[(v, best)]:.4f} +\| best +\|",
-                         section), section
+        row = rf"\| {v} +\| {re.escape(best)} +\| 2 of 2 +\| — +\| 12 +\| {means[(v, best)]:.4f} +\| best +\|"
+        assert re.search(row, section), section
         assert f"{v} at lr={best}" in section
     assert "each variant at its best lr" in tuned and "same eval" in section
     # the results table holds each variant's picked runs only: its loss is the picked cell's mean

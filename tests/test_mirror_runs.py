@@ -41,7 +41,10 @@ def trackio_points(folder, project: str) -> dict[str, dict[tuple[str, int], floa
             "    if k not in ('step', 'timestamp')] for r in S.get_runs(p)}))")
     out = subprocess.run([sys.executable, "-c", code, project], capture_output=True, text=True, check=True,
                          env={"TRACKIO_DIR": str(folder), "PATH": "/usr/bin:/bin"}).stdout
-    return {name: {(k, s): v for k, s, v in pts} for name, pts in json.loads(out.splitlines()[-1]).items()}
+    got = {name: {(k, s): v for k, s, v in pts} for name, pts in json.loads(out.splitlines()[-1]).items()}
+    counts = {name: len(pts) for name, pts in json.loads(out.splitlines()[-1]).items()}
+    assert counts == {name: len(pts) for name, pts in got.items()}  # no point twice
+    return got
 
 
 def test_a_run_is_mirrored_to_mlflow_trackio_and_wandb_as_it_trains(workdir, monkeypatch):
@@ -129,3 +132,43 @@ def test_the_mirrors_of_a_database_and_of_the_environment(workdir, monkeypatch, 
     assert code == 0 and "mirrors of this database: none" in out
     code, _, err = in_process(["launch", "standard", "--mirror", "mlflow="], capsys, monkeypatch)
     assert code == 2 and "bad --mirror" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_resumed_attempt_sends_only_new_steps_and_a_database_outage_loses_none(tmp_path, monkeypatch):
+    """In process, with the real writer, sender and an MLflow SQLite store: two attempts of one run, the second
+    resumed from step 5 after the first reached 9; then a database away for a while."""
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    from attnres.mirrors.sender import Sender
+    from attnres.tracking import mirror_marks, states, store
+    from attnres.tracking.db import get_engine
+    from attnres.tracking.writer import MetricWriter
+    from attnres.variants import resolve_run
+
+    engine = get_engine(str(tmp_path / "runs.db"))
+    run = store.create_run(engine, resolve_run("standard", "tiny", 1))
+    spec = f"mlflow=sqlite:///{tmp_path}/mlflow.db"
+
+    def attempt(steps, resume_at=None, end=states.PREEMPTED, status=states.RUNNING) -> None:
+        writer = MetricWriter(engine, run, tmp_path / "run.spool.jsonl", interval=0.05,
+                              mirror=Sender(engine, run, [spec]))
+        writer.transition(status)
+        if resume_at is not None:
+            writer.drop_after(resume_at)
+        for step in steps:
+            writer.add(step, train_loss=10.0 + step + (100 if resume_at is not None else 0))
+            if step % 5 == 0:
+                writer.add(step, eval_loss=5.0 + step)  # a second row at the same step, as the trainer logs it
+        writer.transition(end)
+        assert writer.close()
+
+    attempt(range(0, 10))
+    attempt(range(6, 13), resume_at=5, end=states.FINISHED)
+    got = mlflow_points(spec.removeprefix("mlflow="), mlflow_run(spec.removeprefix("mlflow="), run).info.run_id,
+                        ["train_loss", "eval_loss"])
+    # every step once; the re-trained 6-9 keep the first attempt's values (a tracker cannot rewrite a point)
+    assert got == {**{("train_loss", s): 10.0 + s for s in range(10)},
+                   **{("train_loss", s): 110.0 + s for s in range(10, 13)},
+                   **{("eval_loss", s): 5.0 + s for s in (0, 5, 10)}}
+    assert mirror_marks.marks(engine, run, spec) == {"train_loss": 12, "eval_loss": 10}
+    assert mlflow_run(spec.removeprefix("mlflow="), run).info.status == "FINISHED"

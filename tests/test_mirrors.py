@@ -115,11 +115,14 @@ def send(mirror: Mirror, run: RunInfo, rows: list[tuple[int, dict]], status: str
 
 def test_parse_and_round_trip():
     assert parse("mlflow") == Target("mlflow", None)
-    assert parse(" mlflow=sqlite:///x.db ") == Target("mlflow", "sqlite:///x.db")
+    assert parse(" mlflow=sqlite:////abs/x.db ") == Target("mlflow", "sqlite:////abs/x.db")
+    # a store named by a relative path is made absolute where it is given (a trainer or sync may run elsewhere)
+    assert parse("mlflow=sqlite:///x.db") == Target("mlflow", f"sqlite:///{Path.cwd() / 'x.db'}")
+    assert parse("mlflow=mlruns") == Target("mlflow", str(Path.cwd() / "mlruns"))
     assert parse("mlflow=http://host:5000/?a=b") == Target("mlflow", "http://host:5000/?a=b")
     assert parse("trackio=proj") == Target("trackio", "proj")
     assert parse("WandB = team-proj") == Target("wandb", "team-proj")
-    for spec in ["mlflow", "mlflow=sqlite:///x.db", "trackio", "trackio=p", "wandb", "wandb=p"]:
+    for spec in ["mlflow", "mlflow=sqlite:////x.db", "trackio", "trackio=p", "wandb", "wandb=p"]:
         assert parse(spec).spec() == spec
         assert parse(parse(spec).spec()) == parse(spec)
     for bad in ["foo", "mlflow=", "wandb = ", "", "none", "ml flow", "foo\nbar"]:
@@ -132,8 +135,8 @@ def test_parse_and_round_trip():
 def test_parse_many():
     assert parse_many("mlflow, wandb=p  trackio,mlflow") == [Target("mlflow", None), Target("wandb", "p"),
                                                               Target("trackio", None)]
-    assert parse_many(["mlflow=sqlite:///a,b.db", "mlflow=sqlite:///a,b.db", " trackio "]) == [
-        Target("mlflow", "sqlite:///a,b.db"), Target("trackio", None)]
+    assert parse_many(["mlflow=sqlite:////a,b.db", "mlflow=sqlite:////a,b.db", " trackio "]) == [
+        Target("mlflow", "sqlite:////a,b.db"), Target("trackio", None)]
     assert parse_many("none") == parse_many(" NONE ") == parse_many(["none"]) == parse_many("") == []
     with pytest.raises(AttnresError):
         parse_many("none, mlflow")

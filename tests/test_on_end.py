@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 from conftest import FAST, LONG, attnres, curve, in_process, queue_pid, runs, wait_for
@@ -24,6 +25,7 @@ def test_the_command_runs_once_per_run_with_its_state_and_last_eval(workdir):
     hook.write_text(HOOK)
     attnres("launch", "standard", "--seeds", "42", "1337", *FAST, "--steps", "12", "--on-end",
             f"{sys.executable} {hook} {ends}", check=True)
+    assert json.loads(runs(workdir)[0]["on_end_json"]) == [sys.executable, str(hook), str(ends)]  # (absolute)
     got = sorted(_ends(ends), key=lambda e: int(e["ATTNRES_RUN_ID"]))
     assert [e["ATTNRES_RUN_ID"] for e in got] == ["1", "2"]  # once each: the trainer waited for it
     for e, seed in zip(got, ("42", "1337"), strict=True):
@@ -37,7 +39,7 @@ def test_the_command_runs_once_per_run_with_its_state_and_last_eval(workdir):
     run = runs(workdir)[2]
     assert run["status"] == "finished"
     log = (workdir / "logs" / f"run-{run['id']}.log").read_text()
-    assert log.count("--on-end command 'false' exited with 1") == 1
+    assert len(re.findall(r"attnres: warning: run 3's --on-end command '\S*/false' exited with 1", log)) == 1
 
 
 def test_a_killed_run_notifies_from_the_kill_and_from_nowhere_else(workdir):

@@ -18,6 +18,7 @@ import importlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from attnres.errors import AttnresError
@@ -68,7 +69,18 @@ def parse(spec: str) -> Target:
     kind, where = kind.strip().lower(), where.strip()
     if kind not in KINDS or (sep and not where):
         raise _bad(spec)
-    return Target(kind, where if sep else None)
+    return Target(kind, _absolute(where) if kind == "mlflow" and sep else where if sep else None)
+
+
+def _absolute(uri: str) -> str:
+    """An MLflow store on this machine named by a relative path, made absolute where it is given: the trainer,
+    a SLURM job or a later `attnres sync` may run elsewhere, and the same store must have one spec."""
+    for scheme in ("sqlite:///", "file://"):
+        if uri.startswith(scheme) and not uri[len(scheme):].startswith("/"):
+            return scheme + str(Path(uri[len(scheme):]).resolve())
+    if "://" not in uri and ":" not in uri.split("/")[0]:  # a bare folder path (MLflow's file store)
+        return str(Path(uri).resolve())
+    return uri
 
 
 def parse_many(text_or_specs: str | list[str]) -> list[Target]:
@@ -108,7 +120,7 @@ class RunInfo:
     tags: dict[str, str]
 
 
-class MirrorUnavailable(Exception):
+class MirrorUnavailable(AttnresError):
     """A tracker's package is not installed; ``str()`` is one line with the ``pip install`` that fixes it."""
 
     def __init__(self, kind: str, missing: str | None = None) -> None:
@@ -122,6 +134,8 @@ class Mirror(Protocol):
     """One tracker's adapter for one run: ``open`` once, ``log`` any number of times, ``end`` once."""
 
     target: Target
+    #: True when ``log`` may return before the tracker holds the points (they are then sure only after ``end``)
+    buffered: bool
 
     def open(self, run: RunInfo) -> None:
         """Create the remote run, or find and continue the one with ``run.identity``; send params and tags."""

@@ -49,6 +49,8 @@ class MlflowMirror:
     ``target.where`` is the tracking URI; ``None`` leaves it to MLflow (``MLFLOW_TRACKING_URI``, else its default).
     """
 
+    buffered = False  # log_batch returns once the store holds the points
+
     def __init__(self, target: Target) -> None:
         self.target = target
         self._client: MlflowClient | None = None

@@ -16,6 +16,7 @@ import json
 import queue
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
@@ -23,7 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from attnres import mirrors
 from attnres.logline import say
-from attnres.tracking import mirror_marks, states
+from attnres.tracking import depth_maps, mirror_marks, spool, states, store
 
 if TYPE_CHECKING:
     from attnres.tracking.schema import Run
@@ -37,8 +38,6 @@ def database_id(engine: Engine) -> str:
     url = engine.url
     where = str(url.database or "")
     if url.get_backend_name() == "sqlite" and where and where != ":memory:":
-        from pathlib import Path
-
         where = str(Path(where).resolve())
     return hashlib.sha256(f"{url.get_backend_name()}://{url.host or ''}:{url.port or ''}/{where}".encode()
                           ).hexdigest()[:8]
@@ -68,24 +67,32 @@ def run_info(engine: Engine, run: Run) -> mirrors.RunInfo:
 
 
 def _after(rows: Iterable[tuple[int, dict[str, float]]], marks: dict[str, int]) -> Rows:
-    """The values past the marks (a resumed attempt's re-trained steps were sent by the first one)."""
+    """The values past the marks (a resumed attempt's re-trained steps were sent by the first one), without the
+    depth-attention maps (hundreds of keys an eval, kept in their own table: a tracker gets the metrics)."""
     out = []
     for step, values in rows:
-        fresh = {k: v for k, v in values.items() if step > marks.get(k, -1)}
+        fresh = {k: v for k, v in values.items() if step > marks.get(k, -1) and not k.startswith(depth_maps.PREFIX)}
         if fresh:
             out.append((step, fresh))
     return out
 
 
 class Link:
-    """One run's connection to one mirror: opened once, then sent what is past its marks."""
+    """One run's connection to one mirror: opened once, then sent what is past its marks.
+
+    The marks move once the tracker holds the points: for MLflow when ``log`` returns; for a tracker
+    that buffers (trackio, W&B) one batch later, and all of them once ``end`` flushed it. A sender
+    killed in between leaves at most its last batch unmarked, which the next sender sends again: a
+    point may then reach a buffering tracker twice, but is never lost.
+    """
 
     def __init__(self, engine: Engine, run: Run, spec: str) -> None:
         self.engine, self.run_id, self.spec = engine, run.id, spec
         self.mirror = mirrors.make(mirrors.parse(spec))
         self.marks = mirror_marks.marks(engine, run.id, spec)
         self.mirror.open(run_info(engine, run))
-        self.unsaved: dict[str, int] = {}
+        self.unsaved: dict[str, int] = {}  # marks the tracker holds, not yet in the database
+        self.lagging: dict[str, int] = {}  # a buffering tracker's last batch: held once the next is sent
 
     def send(self, rows: Iterable[tuple[int, dict[str, float]]]) -> int:
         """Send what is past the marks; returns the values sent."""
@@ -93,11 +100,24 @@ class Link:
         if not fresh:
             return 0
         self.mirror.log(fresh)
+        reached: dict[str, int] = {}
         for step, values in fresh:
             for key in values:
-                self.marks[key] = self.unsaved[key] = step
+                self.marks[key] = reached[key] = step
+        if self.mirror.buffered:
+            self.unsaved.update(self.lagging)
+            self.lagging = reached
+        else:
+            self.unsaved.update(reached)
         self.save()
         return sum(len(v) for _, v in fresh)
+
+    def end(self, status: str) -> None:
+        """Mark the remote run ended (its tracker flushes), then every mark sent."""
+        self.mirror.end(status)
+        self.unsaved.update(self.lagging)
+        self.lagging = {}
+        self.save()
 
     def save(self) -> None:
         """Record the marks (kept and retried with the next batch if the database is away now)."""
@@ -114,6 +134,11 @@ def _warn(run_id: int, spec: str, exc: BaseException) -> None:
         f"`attnres sync --mirror {spec}` sends what it missed", err=True)
 
 
+def lock_path(run: Run) -> Path:
+    """The lock whoever sends a run to its mirrors holds (``<spool>.mirror.lock``): one sender at a time."""
+    return Path(f"{store.spool_path(run)}.mirror")
+
+
 class Sender:
     """The background sender of one training run to its mirrors (fed by the metric writer)."""
 
@@ -121,6 +146,7 @@ class Sender:
         self.engine, self.run_id, self.specs = engine, run_id, list(specs)
         self.inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self.links: list[Link] = []
+        self.caught_up = False
         self.thread = threading.Thread(target=self._loop, name="attnres-mirror", daemon=True)
         self.thread.start()
 
@@ -151,34 +177,48 @@ class Sender:
         for link in list(self.links):
             try:
                 action(link)
+            except SQLAlchemyError:  # our database, away for a moment: the points stay past the marks for later
+                self.caught_up = False
             except Exception as exc:  # noqa: BLE001 - a tracker's failure of any kind must not reach training
                 _warn(self.run_id, link.spec, exc)
                 self.links.remove(link)
 
+    def _catch_up(self) -> None:
+        """Send what the database holds past the marks (what earlier attempts missed, a replayed spool).
+
+        Not before the writer's first batch of the attempt: a resumed attempt's stale steps are dropped
+        from the database before its first batch, and must not be sent first.
+        """
+        self.caught_up = True
+        self._each(lambda link: link.send(mirror_marks.unsent(self.engine, self.run_id, link.marks)))
+
     def _loop(self) -> None:
-        run = None
         try:
             run = mirror_marks.mirrored_runs(self.engine, [self.run_id])[0]
         except Exception as exc:  # noqa: BLE001
             for spec in self.specs:
                 _warn(self.run_id, spec, exc)
-        for spec in self.specs if run is not None else []:
-            try:
-                link = Link(self.engine, run, spec)
-                link.send(mirror_marks.unsent(self.engine, self.run_id, link.marks))  # what earlier attempts missed
-                self.links.append(link)
-            except Exception as exc:  # noqa: BLE001 - missing package, unreachable server, bad URI: one warning
-                _warn(self.run_id, spec, exc)
-        while True:
-            kind, item = self.inbox.get()
-            if kind == "close":
-                return
-            if kind == "rows":
-                self._each(lambda link, rows=item: link.send(rows))
-            elif kind == "catch up":  # the database took values from the spool that never came through here
-                self._each(lambda link: link.send(mirror_marks.unsent(self.engine, self.run_id, link.marks)))
-            elif kind == "status" and item in (*states.ENDED, states.PREEMPTED):
-                self._each(lambda link, to=item: link.mirror.end(str(to)))
+            return self._drain()
+        with spool.held(lock_path(run)):  # (an `attnres sync --mirror` of this run meanwhile leaves it to us)
+            for spec in self.specs:
+                try:
+                    self.links.append(Link(self.engine, run, spec))
+                except Exception as exc:  # noqa: BLE001 - missing package, unreachable server, bad URI: one warning
+                    _warn(self.run_id, spec, exc)
+            while True:
+                kind, item = self.inbox.get()
+                if kind in ("rows", "catch up", "close") and not self.caught_up:
+                    self._catch_up()
+                if kind == "close":
+                    return None
+                if kind == "rows":
+                    self._each(lambda link, rows=item: link.send(rows))
+                elif kind == "status" and item in (*states.ENDED, states.PREEMPTED):
+                    self._each(lambda link, to=item: link.end(str(to)))
+
+    def _drain(self) -> None:
+        while self.inbox.get()[0] != "close":
+            pass
 
 
 def sync(engine: Engine, specs: Sequence[str], run_ids: Sequence[int] | None = None,
@@ -192,22 +232,22 @@ def sync(engine: Engine, specs: Sequence[str], run_ids: Sequence[int] | None = N
     targets = [mirrors.parse(s).spec() for s in specs]
     done: list[tuple[int, str, int | str]] = []
     for run in mirror_marks.mirrored_runs(engine, run_ids):
-        own = json.loads(run.mirrors_json) if run.mirrors_json else []
-        for spec in targets:
-            if run.status in states.ACTIVE and spec in own:
-                continue  # its trainer is sending it there now: two senders would race over the marks
-            try:
-                link = Link(engine, run, spec)
-                rows = mirror_marks.unsent(engine, run.id, link.marks)
-                sent = sum(link.send(rows[i:i + CHUNK]) for i in range(0, len(rows), CHUNK))
-                if run.status in (*states.ENDED, states.PREEMPTED):
-                    link.mirror.end(run.status)
-                result: int | str = sent
-            except mirrors.MirrorUnavailable:
-                raise
-            except Exception as exc:  # noqa: BLE001 - reported per run; the others are still sent
-                result = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-            done.append((run.id, spec, result))
-            if on_run is not None:
-                on_run(run.id, spec, result if isinstance(result, int) else -1)
+        with spool.held(lock_path(run), wait=False) as free:
+            if not free:
+                continue  # its trainer is sending it now (or another sync): two senders would race over the marks
+            for spec in targets:
+                try:
+                    link = Link(engine, run, spec)
+                    rows = mirror_marks.unsent(engine, run.id, link.marks)
+                    sent = sum(link.send(rows[i:i + CHUNK]) for i in range(0, len(rows), CHUNK))
+                    if run.status in (*states.ENDED, states.PREEMPTED):
+                        link.end(run.status)
+                    result: int | str = sent
+                except mirrors.MirrorUnavailable:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - reported per run; the others are still sent
+                    result = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+                done.append((run.id, spec, result))
+                if on_run is not None:
+                    on_run(run.id, spec, result if isinstance(result, int) else -1)
     return done

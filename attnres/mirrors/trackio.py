@@ -33,6 +33,8 @@ class TrackioMirror:
     trackio finds a run again by name, so the name carries the identity; ``resume="allow"`` continues it.
     """
 
+    buffered = True  # trackio writes from a buffer of its own; finish() flushes it
+
     def __init__(self, target: Target) -> None:
         self.target = target
         self._context = contextvars.Context()

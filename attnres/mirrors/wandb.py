@@ -42,6 +42,8 @@ class WandbMirror:
     step just sent is still accepted, W&B joins it to that step's row.
     """
 
+    buffered = True  # W&B hands points to its own process; finish() waits for it
+
     def __init__(self, target: Target) -> None:
         self.target = target
         self._run: Any = None

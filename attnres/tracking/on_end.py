@@ -5,7 +5,10 @@ diverged, stopped) is recorded. A transition is a compare-and-set, so exactly on
 run's end, whichever it is (the trainer, the queue, a monitor, ``attnres kill``, ``attnres sync``), and
 that process runs the command, once. It is an argument list, never given to a shell; it starts at once
 and is waited for on a thread, so no writer waits on it. A command that cannot start, fails or outlives
-``ATTNRES_ON_END_TIMEOUT`` seconds (default 300) costs one warning line and changes nothing recorded.
+``ATTNRES_ON_END_TIMEOUT`` seconds (default 300: it is then stopped, with its children) costs one warning
+line and changes nothing recorded. A process about to leave (the trainer, a command-line verb) waits for
+its commands 30 s at most, then leaves them running unwatched. The command gets the recording process's
+environment without torchrun's rank variables.
 
 Environment of the command: ``ATTNRES_RUN_ID``, ``ATTNRES_VARIANT``, ``ATTNRES_SEED``, ``ATTNRES_STATE``,
 ``ATTNRES_EXPERIMENT``, ``ATTNRES_PRESET``, ``ATTNRES_STEP``, ``ATTNRES_TOTAL_STEPS``, ``ATTNRES_LAST_EVAL``
@@ -18,6 +21,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -60,6 +64,16 @@ def facts(engine: Engine, run_id: int) -> tuple[list[str] | None, dict[str, str]
     return json.loads(run.on_end_json), env
 
 
+#: what torchrun gives its workers: not the command's business (it is no rank of the run)
+_TORCHRUN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_NAME",
+             "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_")
+
+
+def _environment(facts_: dict[str, str]) -> dict[str, str]:
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(_TORCHRUN)}
+    return {**keep, **facts_}
+
+
 def run_ended(engine: Engine, run_id: int) -> None:
     """Start the run's ``--on-end`` command, if it has one; never raises (a failure is one warning)."""
     try:
@@ -71,7 +85,7 @@ def run_ended(engine: Engine, run_id: int) -> None:
     if not argv:
         return
     try:
-        proc = subprocess.Popen(list(argv), env={**os.environ, **env}, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(list(argv), env=_environment(env), stdin=subprocess.DEVNULL,
                                 start_new_session=True)  # (a Ctrl-C or kill of our group is not its end)
     except (OSError, ValueError) as exc:
         say(f"attnres: warning: run {run_id}'s --on-end command {argv[0]!r} could not start: {exc}", err=True)
@@ -88,7 +102,10 @@ def _wait(proc: subprocess.Popen, run_id: int, argv: Sequence[str]) -> None:
     try:
         code = proc.wait(timeout_s())
     except subprocess.TimeoutExpired:
-        proc.kill()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # its session: a script's children too
+        except OSError:
+            proc.kill()
         proc.wait()
         say(f"attnres: warning: run {run_id}'s --on-end command {argv[0]!r} ran past {timeout_s():g} s "
             "(ATTNRES_ON_END_TIMEOUT) and was stopped", err=True)
@@ -97,12 +114,23 @@ def _wait(proc: subprocess.Popen, run_id: int, argv: Sequence[str]) -> None:
         say(f"attnres: warning: run {run_id}'s --on-end command {argv[0]!r} exited with {code}", err=True)
 
 
-def wait(timeout: float | None = None) -> None:
-    """Wait for the commands this process started (a process about to leave calls it)."""
-    deadline = time.monotonic() + (timeout_s() + 5 if timeout is None else timeout)
+LEAVING_WAIT_S = 30.0  # how long a process about to leave (a trainer holding its GPU, a command) waits for them
+
+
+def wait(timeout: float = LEAVING_WAIT_S) -> None:
+    """Wait for the commands this process started, up to ``timeout`` (a process about to leave calls it).
+
+    A command still going then is left running in its own session, unwatched (one line says so): the
+    trainer's GPU and the queue's slot are not held for a slow notification.
+    """
+    deadline = time.monotonic() + min(timeout, timeout_s() + 5)
     with _lock:
         waiting = list(_waiting)
     for waiter in waiting:
         waiter.join(max(0.0, deadline - time.monotonic()))
     with _lock:
-        _waiting[:] = [w for w in _waiting if w.is_alive()]
+        left = [w for w in _waiting if w.is_alive()]
+        _waiting[:] = left
+    if left:
+        say(f"attnres: {len(left)} --on-end command(s) still running after {timeout:g} s: left running, "
+            "their exit not watched", err=True)

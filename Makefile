@@ -59,11 +59,21 @@ test: install lint $(VENV)/.test-extra
 # (forward and every gradient), then every variant with a target raced against standard at a paper-like
 # shape (paper500m: 24 layers, d 1536; 8 x 1024 tokens a step; bf16): tokens/s ratios, CUDA peak memory
 # above weights and optimizer, saved-activation bytes, and the depth kernel's path.
+# `make gpu-check GPU_DEVICE=cpu` rehearses the same two steps on this machine: the kernel in Triton's
+# interpreter, and the bench at the tiny preset, two steps (what the GPU run does, at a CPU's size).
 GPU_PYTHON ?= python3
+GPU_DEVICE ?= cuda
+ifeq ($(GPU_DEVICE),cuda)
+GPU_ENV := TRITON_INTERPRET=0
+GPU_BENCH := --preset paper500m --set batch_size=8 --steps 10
+else
+GPU_ENV := TRITON_INTERPRET=1 ATTNRES_TRITON_KERNEL=1
+GPU_BENCH := --preset tiny --set batch_size=2 --steps 2 control_block block_hybrid_memory
+endif
 gpu-check:
-	TRITON_INTERPRET=0 ATTNRES_TEST_DEVICE=cuda $(GPU_PYTHON) -m pytest -q -p no:cacheprovider \
+	$(GPU_ENV) ATTNRES_TEST_DEVICE=$(GPU_DEVICE) $(GPU_PYTHON) -m pytest -q -p no:cacheprovider \
 		tests/test_equivalence.py -k "triton and not compile"
-	$(GPU_PYTHON) -m cli.main bench --device cuda --preset paper500m --set batch_size=8 --steps 10
+	$(GPU_ENV) $(GPU_PYTHON) -m cli.main bench --device $(GPU_DEVICE) $(GPU_BENCH)
 
 clean:
 	rm -rf $(VENV) runs.db runs.db-* data logs checkpoints reports/*.png attnres-results.md

@@ -11,6 +11,8 @@ from conftest import FAST, attnres, in_process, runs
 
 from attnres import grid, planning
 from attnres.errors import AttnresError
+from attnres.overview import grid_rows
+from attnres.tracking.db import get_engine
 from reports.tuning import tune
 
 # -- expansion and naming (in process) ---------------------------------------------------------------
@@ -128,6 +130,11 @@ def test_a_grid_is_grouped_by_its_cells_and_each_variant_is_compared_at_its_best
 
     code, shown, _ = in_process(["status"], capsys, monkeypatch)
     assert code == 0 and "settings" in shown and shown.count("lr=0.003") == 4 and shown.count("lr=1e-05") == 4
+    header, rows = grid_rows(get_engine(str(workdir / "runs.db")))  # the live grid: a row per variant x cell
+    assert header == ["experiment", "variant", "settings", "seed 42", "seed 1337"]
+    assert sorted(r[1:3] for r in rows) == [["control_block", "lr=0.003"], ["control_block", "lr=1e-05"],
+                                            ["standard", "lr=0.003"], ["standard", "lr=1e-05"]]
+    assert all(cell.startswith("finished 12/12") for r in rows for cell in r[3:])
 
     # the default report compares one cell, never pooling the two rates, and names the other cell
     code, _, err = in_process(["report", "--out", "plain.md", "--no-plots"], capsys, monkeypatch)

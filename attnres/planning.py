@@ -118,10 +118,11 @@ def on_end_command(command: str | None) -> list[str]:
         raise AttnresError(f"bad --on-end '{command}': {exc}") from None
     if not argv:
         raise AttnresError("--on-end needs a command, e.g. --on-end 'notify-send attnres'")
-    found = shutil.which(argv[0])
-    if found is None:
+    if shutil.which(argv[0]) is None:
         raise AttnresError(f"--on-end: command '{argv[0]}' not found (give a path or a command on PATH)")
-    return [os.path.abspath(found), *argv[1:]]  # (the process that records the end may run elsewhere)
+    # a path is made absolute (the process that records the end may run in another folder); a bare name is
+    # looked up on PATH where the command runs (a SLURM node may keep it elsewhere)
+    return [os.path.abspath(argv[0]) if os.sep in argv[0] else argv[0], *argv[1:]]
 
 
 @dataclass

@@ -184,7 +184,12 @@ def _sync_mirrors(engine: object, targets: list[str], runs: list[int] | None) ->
         task = progress.add_task("mirroring", total=None)
         done = send(engine, targets, runs, on_run=lambda rid, spec, n: progress.update(
             task, advance=1, description=f"run {rid} -> {spec}"))
-    failed = [(rid, spec, why) for rid, spec, why in done if isinstance(why, str)]
+    from attnres.mirrors.sender import SKIPPED
+
+    for rid, spec, why in done:
+        if isinstance(why, str) and why.startswith(SKIPPED):
+            console.print(f"run {rid} -> {spec}: {why}", markup=False, highlight=False, soft_wrap=True)
+    failed = [(rid, spec, why) for rid, spec, why in done if isinstance(why, str) and not why.startswith(SKIPPED)]
     for rid, spec, why in failed:
         err.print(f"run {rid} -> {spec}: not sent: {why}", markup=False, highlight=False, soft_wrap=True)
     sent = sum(n for _, _, n in done if isinstance(n, int))

@@ -15,13 +15,14 @@ import math
 import pandas as pd
 
 from attnres import grid
-from attnres.tracking.states import EARLY
+from attnres.tracking.states import EARLY, FINISHED
 from reports.stats import ReportError, finite
 
 
-def _step(evals: pd.DataFrame, groups: list[list[int]]) -> int | None:
-    """The latest eval step that at least one run of every group has."""
-    have = [set(evals.loc[evals["run_id"].isin(ids), "step"]) for ids in groups]
+def _step(evals: pd.DataFrame, runs: pd.DataFrame) -> int | None:
+    """The latest eval step that every one of ``runs`` with an eval has (None: they share none)."""
+    have = [set(evals.loc[evals["run_id"] == rid, "step"]) for rid in runs["id"]]
+    have = [h for h in have if h]
     shared = set.intersection(*have) if have else set()
     return max(shared) if shared else None
 
@@ -29,11 +30,11 @@ def _step(evals: pd.DataFrame, groups: list[list[int]]) -> int | None:
 def tune(runs: pd.DataFrame, evals: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(the runs of each variant's best value of ``key``, the table of every value with the winner marked).
 
-    A value is ranked by its mean eval loss at the latest eval step that every *sound* value of the variant
-    reached: a value whose runs ended early (diverged, stopped, killed, failed) does not hold the others
-    back to its last eval, and ranks after every sound value, by its own loss at that step (a learning rate
-    at which one seed of two diverged is not a winner). The step is said in the table, and marked partial
-    when some of the variant's runs are still short of their budget.
+    A value is ranked by its mean eval loss over seeds at the latest eval step that every run of the
+    variant's *sound* values has reached: a value whose runs ended early (diverged, stopped, killed,
+    failed) does not hold the others back to its last eval, and ranks after every sound value (a
+    learning rate at which one seed of two diverged is not a winner); a run with no eval yet (queued)
+    holds nothing back. The step is said in the table, partial while sound runs are short of their budget.
     """
     evals = finite(evals)
     value = pd.Series([grid.settings(c).get(key, "—") for c in runs["config_json"]], index=runs.index)
@@ -41,8 +42,8 @@ def tune(runs: pd.DataFrame, evals: pd.DataFrame, key: str) -> tuple[pd.DataFram
     for variant, mine in runs.groupby("variant", sort=False):
         by_value = {v: mine[value[mine.index] == v] for v in sorted(set(value[mine.index]), key=_order)}
         early = {v: int(g["status"].isin(EARLY).sum()) for v, g in by_value.items()}
-        sound = [v for v in by_value if not early[v]] or list(by_value)
-        step = _step(evals, [by_value[v]["id"].tolist() for v in sound])
+        sound = mine[~mine["status"].isin(EARLY)]
+        step = _step(evals, sound if len(sound) else mine)
         scores = {}
         for v, group in by_value.items():
             at = evals[evals["run_id"].isin(group["id"]) & (evals["step"] == step)]["value"]
@@ -53,8 +54,7 @@ def tune(runs: pd.DataFrame, evals: pd.DataFrame, key: str) -> tuple[pd.DataFram
             raise ReportError(f"--tuned {key}: {variant} has no eval loss that all its {key} values reached")
         best = ranked[0]
         kept.append(by_value[best])
-        partial = bool((mine["step"] < mine["total_steps"]).any()) and step is not None and \
-            step < int(mine["total_steps"].max())
+        partial = step is not None and bool(len(sound)) and bool((sound["status"] != FINISHED).any())
         for v in by_value:
             mean, seeds = scores[v]
             rows.append({"Variant": variant, key: v, "Seeds": f"{seeds} of {len(by_value[v])}",

@@ -96,6 +96,18 @@ def test_tuning_picks_per_variant_at_the_final_step_and_a_diverged_value_does_no
     assert sorted(kept["id"]) == [1, 2, 9, 10]
 
 
+def test_tuning_waits_for_every_seed_of_a_value_still_running():
+    arms = {("standard", 1e-3): ("finished", {0: 5.0, 100: 3.0, 200: 2.5}),
+            ("standard", 3e-3): ("running", {0: 5.0, 100: 2.9, 200: 2.4})}
+    runs_, evals = _frames(arms)
+    evals = evals[~((evals["run_id"] == 4) & (evals["step"] == 200))]  # 3e-3's second seed is still at 110
+    runs_.loc[runs_["id"] == 4, "step"] = 110
+    _, table = tune(runs_, evals, "lr")
+    assert set(table["Eval step"]) == {"100 (partial)"}  # the step every seed reached, said to be partial
+    assert table.set_index("lr").loc["0.003", "Seeds"] == "2 of 2"
+    assert table.set_index("lr").loc["0.003", "Picked"] == "best"  # 2.9 < 3.0 at step 100, both seeds
+
+
 # -- a real grid: 2 variants x 2 learning rates x 2 seeds ----------------------------------------------
 
 

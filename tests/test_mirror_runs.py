@@ -172,3 +172,11 @@ def test_a_resumed_attempt_sends_only_new_steps_and_a_database_outage_loses_none
                    **{("eval_loss", s): 5.0 + s for s in (0, 5, 10)}}
     assert mirror_marks.marks(engine, run, spec) == {"train_loss": 12, "eval_loss": 10}
     assert mlflow_run(spec.removeprefix("mlflow="), run).info.status == "FINISHED"
+
+    # a sync while another process sends the run leaves it to that process, and says so; after, nothing is missing
+    from attnres.mirrors.sender import lock_path, sync
+    from attnres.tracking import spool
+
+    with spool.held(lock_path(store.get_run(engine, run))):
+        assert sync(engine, [spec]) == [(run, spec, "skipped: another process is sending this run now")]
+    assert sync(engine, [spec]) == [(run, spec, 0)]

@@ -118,7 +118,8 @@ def test_parse_and_round_trip():
     assert parse(" mlflow=sqlite:////abs/x.db ") == Target("mlflow", "sqlite:////abs/x.db")
     # a store named by a relative path is made absolute where it is given (a trainer or sync may run elsewhere)
     assert parse("mlflow=sqlite:///x.db") == Target("mlflow", f"sqlite:///{Path.cwd() / 'x.db'}")
-    assert parse("mlflow=mlruns") == Target("mlflow", str(Path.cwd() / "mlruns"))
+    assert parse("mlflow=./mlruns") == Target("mlflow", str(Path.cwd() / "mlruns"))
+    assert parse("mlflow=databricks") == Target("mlflow", "databricks")  # a name, not a path
     assert parse("mlflow=http://host:5000/?a=b") == Target("mlflow", "http://host:5000/?a=b")
     assert parse("trackio=proj") == Target("trackio", "proj")
     assert parse("WandB = team-proj") == Target("wandb", "team-proj")

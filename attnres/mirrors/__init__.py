@@ -78,8 +78,8 @@ def _absolute(uri: str) -> str:
     for scheme in ("sqlite:///", "file://"):
         if uri.startswith(scheme) and not uri[len(scheme):].startswith("/"):
             return scheme + str(Path(uri[len(scheme):]).resolve())
-    if "://" not in uri and ":" not in uri.split("/")[0]:  # a bare folder path (MLflow's file store)
-        return str(Path(uri).resolve())
+    if "://" not in uri and ":" not in uri.split("/")[0] and ("/" in uri or uri.startswith(".")):
+        return str(Path(uri).resolve())  # a folder path (MLflow's file store); a bare word is a name (databricks)
     return uri
 
 

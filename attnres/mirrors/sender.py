@@ -15,6 +15,7 @@ import hashlib
 import json
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 
 Rows = list[tuple[int, dict[str, float]]]
 CHUNK = 1000  # steps a sync sends per call of a mirror (MLflow's log_batch takes 1,000 values a call)
+LOCK_WAIT_S = 30.0  # how long a trainer's sender waits for another sender of its run to finish
+SKIPPED = "skipped"  # a sync's result for a run another process is sending
 
 
 def database_id(engine: Engine) -> str:
@@ -199,22 +202,37 @@ class Sender:
             for spec in self.specs:
                 _warn(self.run_id, spec, exc)
             return self._drain()
-        with spool.held(lock_path(run)):  # (an `attnres sync --mirror` of this run meanwhile leaves it to us)
-            for spec in self.specs:
-                try:
-                    self.links.append(Link(self.engine, run, spec))
-                except Exception as exc:  # noqa: BLE001 - missing package, unreachable server, bad URI: one warning
-                    _warn(self.run_id, spec, exc)
-            while True:
-                kind, item = self.inbox.get()
-                if kind in ("rows", "catch up", "close") and not self.caught_up:
-                    self._catch_up()
-                if kind == "close":
-                    return None
-                if kind == "rows":
-                    self._each(lambda link, rows=item: link.send(rows))
-                elif kind == "status" and item in (*states.ENDED, states.PREEMPTED):
-                    self._each(lambda link, to=item: link.end(str(to)))
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            with spool.held(lock_path(run), wait=False) as free:  # one sender of a run at a time
+                if free:
+                    return self._serve(run)
+            if time.monotonic() >= deadline:  # (not an `attnres sync --mirror` finishing: a process still sending)
+                for spec in self.specs:
+                    _warn(self.run_id, spec, RuntimeError(f"another process sends this run ({lock_path(run)}.lock)"))
+                return self._drain()
+            time.sleep(0.5)
+
+    def _serve(self, run: Run) -> None:
+        for spec in self.specs:
+            try:
+                self.links.append(Link(self.engine, run, spec))
+            except Exception as exc:  # noqa: BLE001 - missing package, unreachable server, bad URI: one warning
+                _warn(self.run_id, spec, exc)
+        while True:
+            kind, item = self.inbox.get()
+            ending = kind == "status" and item in (*states.ENDED, states.PREEMPTED)
+            if kind == "catch up":  # (sent when the writer recovers, maybe before a resume's drop: sent later)
+                self.caught_up = False
+                continue
+            if (kind in ("rows", "close") or ending) and not self.caught_up:
+                self._catch_up()
+            if kind == "close":
+                return
+            if kind == "rows" and self.caught_up:  # (else they are in the database: the next catch-up sends them)
+                self._each(lambda link, rows=item: link.send(rows))
+            elif ending:
+                self._each(lambda link, to=item: link.end(str(to)))
 
     def _drain(self) -> None:
         while self.inbox.get()[0] != "close":
@@ -233,8 +251,9 @@ def sync(engine: Engine, specs: Sequence[str], run_ids: Sequence[int] | None = N
     done: list[tuple[int, str, int | str]] = []
     for run in mirror_marks.mirrored_runs(engine, run_ids):
         with spool.held(lock_path(run), wait=False) as free:
-            if not free:
-                continue  # its trainer is sending it now (or another sync): two senders would race over the marks
+            if not free:  # its trainer is sending it now (or another sync): two senders would race over the marks
+                done += [(run.id, spec, f"{SKIPPED}: another process is sending this run now") for spec in targets]
+                continue
             for spec in targets:
                 try:
                     link = Link(engine, run, spec)

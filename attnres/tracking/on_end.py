@@ -65,12 +65,12 @@ def facts(engine: Engine, run_id: int) -> tuple[list[str] | None, dict[str, str]
 
 
 #: what torchrun gives its workers: not the command's business (it is no rank of the run)
-_TORCHRUN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_NAME",
-             "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_")
+_TORCHRUN = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                       "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
 
 
 def _environment(facts_: dict[str, str]) -> dict[str, str]:
-    keep = {k: v for k, v in os.environ.items() if not k.startswith(_TORCHRUN)}
+    keep = {k: v for k, v in os.environ.items() if k not in _TORCHRUN and not k.startswith("TORCHELASTIC_")}
     return {**keep, **facts_}
 
 
@@ -130,7 +130,7 @@ def wait(timeout: float = LEAVING_WAIT_S) -> None:
         waiter.join(max(0.0, deadline - time.monotonic()))
     with _lock:
         left = [w for w in _waiting if w.is_alive()]
-        _waiting[:] = left
+        _waiting.clear()  # (given up on: not waited for again when the process leaves)
     if left:
         say(f"attnres: {len(left)} --on-end command(s) still running after {timeout:g} s: left running, "
             "their exit not watched", err=True)

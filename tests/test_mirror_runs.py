@@ -134,9 +134,9 @@ def test_the_mirrors_of_a_database_and_of_the_environment(workdir, monkeypatch, 
     assert code == 2 and "bad --mirror" in err and len(err.strip().splitlines()) == 1
 
 
-def test_a_resumed_attempt_sends_only_new_steps_and_a_database_outage_loses_none(tmp_path, monkeypatch):
+def test_a_resumed_attempt_sends_only_new_steps_and_sync_leaves_a_run_being_sent(workdir, monkeypatch):
     """In process, with the real writer, sender and an MLflow SQLite store: two attempts of one run, the second
-    resumed from step 5 after the first reached 9; then a database away for a while."""
+    resumed from step 5 after the first reached 9; then a sync while another process holds the run's sender lock."""
     pytest.importorskip("mlflow")
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
     from attnres.mirrors.sender import Sender
@@ -145,6 +145,8 @@ def test_a_resumed_attempt_sends_only_new_steps_and_a_database_outage_loses_none
     from attnres.tracking.writer import MetricWriter
     from attnres.variants import resolve_run
 
+    tmp_path = workdir
+    (workdir / "logs").mkdir()  # (where the run's spool and its senders' lock live)
     engine = get_engine(str(tmp_path / "runs.db"))
     run = store.create_run(engine, resolve_run("standard", "tiny", 1))
     spec = f"mlflow=sqlite:///{tmp_path}/mlflow.db"

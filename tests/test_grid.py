@@ -186,6 +186,6 @@ def test_a_grid_is_grouped_by_its_cells_and_each_variant_is_compared_at_its_best
     assert code == 2 and "--set lr=0.5" in err
 
     # launching the same grid again runs nothing: every cell finished with its config
-    again = attnres("launch", "standard", "control_block", "--seeds", "42", "1337", *FAST, "--steps", "12",
-                    "--set", "log_every=1", "--set", "lr=3e-3,1e-5", check=True).stdout
-    assert again.count("skip") == 8 and len(runs(workdir)) == 8
+    code, again, err = in_process(["launch", "standard", "control_block", "--seeds", "42", "1337", *FAST, "--steps",
+                                   "12", "--set", "log_every=1", "--set", "lr=3e-3,1e-5"], capsys, monkeypatch)
+    assert code == 0 and again.count("skip") == 8 and len(runs(workdir)) == 8, err

@@ -232,6 +232,15 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A recorded config (nested dicts) as ``{"train.lr": 0.003, "model.residual.kind": ...}``."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        out.update(flatten(value, name + ".") if isinstance(value, dict) else {name: value})
+    return out
+
+
 def get_preset(name: str) -> Preset:
     if name not in PRESETS:
         raise unknown("preset", name, PRESETS)

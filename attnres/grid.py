@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 from attnres.errors import AttnresError
 
@@ -104,6 +104,24 @@ def swept_keys(runs: Iterable[tuple[str, Mapping[str, str]]]) -> list[str]:
 def label(values: Mapping[str, str], keys: Iterable[str]) -> str:
     """A cell's name from a run's settings: ``lr=0.001 warmup=10`` ('' when nothing is swept)."""
     return " ".join(f"{k}={values[k]}" for k in keys if k in values)
+
+
+def cell_labels(groups: Sequence[Hashable], variants: Sequence[str], values: Sequence[Mapping[str, str]],
+                exclude: str | None = None) -> list[str]:
+    """Each run's cell: the values of the settings (all but ``exclude``) swept among the runs of its group.
+
+    ``groups`` says, per run, what a sweep is found within (status: experiment, preset and budget; a
+    report's scope also the dataset); ``variants`` and ``values`` (:func:`settings`) are the runs'.
+    """
+    members: dict[Hashable, list[int]] = {}
+    for i, group in enumerate(groups):
+        members.setdefault(group, []).append(i)
+    labels = [""] * len(groups)
+    for rows in members.values():
+        keys = [k for k in swept_keys((variants[i], values[i]) for i in rows) if k != exclude]
+        for i in rows:
+            labels[i] = label(values[i], keys)
+    return labels
 
 
 def parse_pick(items: Iterable[str]) -> dict[str, str]:

@@ -34,8 +34,8 @@ def status_rows(engine: Engine, experiment: str | None = None, preset: str | Non
     """
     runs, total = glance.status_runs(engine, experiment, preset, recent)
     last = glance.latest_values(engine, [int(r["id"]) for r in runs], KEYS)
-    cells = cell_labels([(str(r["experiment"]), str(r["preset"]), int(r["total_steps"]), str(r["variant"]),
-                          r["config_json"]) for r in runs])
+    cells = grid.cell_labels([(r["experiment"], r["preset"], r["total_steps"]) for r in runs],
+                             [str(r["variant"]) for r in runs], [grid.settings(r["config_json"]) for r in runs])
     rows = []
     for r, cell in zip(runs, cells, strict=True):
         m = last[int(r["id"])]
@@ -52,21 +52,6 @@ def status_rows(engine: Engine, experiment: str | None = None, preset: str | Non
             "memory MiB": _fmt(None if memory is None else memory / 2**20, ",.0f"),
         })
     return rows, total
-
-
-def cell_labels(runs: list[tuple[str, str, int, str, str | None]]) -> list[str]:
-    """Each run's cell of a sweep, from (experiment, preset, budget, variant, config JSON): the values of the
-    settings that runs of one variant (in one experiment, preset and budget) hold more than one value of."""
-    values = [grid.settings(r[4]) for r in runs]
-    groups: dict[tuple[str, str, int], list[int]] = {}
-    for i, r in enumerate(runs):
-        groups.setdefault(r[:3], []).append(i)
-    labels = [""] * len(runs)
-    for members in groups.values():
-        keys = grid.swept_keys((runs[i][3], values[i]) for i in members)
-        for i in members:
-            labels[i] = grid.label(values[i], keys)
-    return labels
 
 
 def reconcile(engine: Engine) -> None:
@@ -105,8 +90,8 @@ def grid_rows(engine: Engine, experiment: str | None = None,
     if runs.empty:
         return ["variant"], [["no runs yet"]]
     seeds = sorted(runs["seed"].unique())
-    runs["settings"] = cell_labels(list(zip(runs["experiment"], runs["preset"], runs["total_steps"], runs["variant"],
-                                            runs["config_json"], strict=True)))
+    runs["settings"] = grid.cell_labels(list(zip(runs["experiment"], runs["preset"], runs["total_steps"], strict=True)),
+                                        list(runs["variant"]), [grid.settings(c) for c in runs["config_json"]])
     keys = ["experiment", "variant", "settings"]
     latest = runs.sort_values("id").groupby([*keys, "seed"]).tail(1).set_index([*keys, "seed"])
     swept = bool(runs["settings"].any())

@@ -102,9 +102,9 @@ def mirror_targets(specs: list[str] | None) -> list[str] | None:
     from attnres import mirrors
 
     if specs:
-        return [t.spec() for t in mirrors.parse_many(specs)]
+        return mirrors.specs(specs)
     if os.environ.get("ATTNRES_MIRROR", "").strip():
-        return [t.spec() for t in mirrors.parse_many(os.environ["ATTNRES_MIRROR"])]
+        return mirrors.specs(os.environ["ATTNRES_MIRROR"])
     return None
 
 

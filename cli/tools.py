@@ -161,7 +161,7 @@ def sync(
     from attnres import mirrors, orchestrator
     from attnres.tracking.db import get_engine
 
-    targets = [t.spec() for t in mirrors.parse_many(mirror)] if mirror else []
+    targets = mirrors.specs(mirror) if mirror else []
     if run and not targets:
         raise AttnresError("--run selects the runs --mirror sends: give --mirror too")
     engine = get_engine(db)
@@ -215,7 +215,7 @@ def mirror_default(
         raise AttnresError("give mirrors to set, or --clear, not both")
     engine = get_engine(db)
     if spec or clear:
-        mirror_marks.set_default_mirrors(engine, [t.spec() for t in mirrors.parse_many(spec)] if spec else None)
+        mirror_marks.set_default_mirrors(engine, mirrors.specs(spec) if spec else None)
     now = mirror_marks.default_mirrors(engine)
     console.print(f"mirrors of this database: {' '.join(now) if now else 'none'}", markup=False, highlight=False)
 

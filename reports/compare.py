@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from attnres.config import flatten
 from reports.stats import ReportError, finite, mean_ci, versus
 
 
@@ -48,20 +49,12 @@ def seed_stats(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str], ste
     return pd.DataFrame(rows)
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, object]:
-    out: dict[str, object] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        out.update(_flatten(v, key + ".") if isinstance(v, dict) else {key: v})
-    return out
-
-
 def config_diff(runs: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
     """Config fields whose value differs between the variants (seed excluded), one column each."""
     per = {}
     for v in variants:
         row = runs[runs["variant"] == v].iloc[0]
-        flat = _flatten(json.loads(row["config_json"]))
+        flat = flatten(json.loads(row["config_json"]))
         flat.pop("seed", None)
         per[v] = flat
     keys = sorted(set().union(*[set(f) for f in per.values()]))

@@ -61,13 +61,8 @@ def _keyed(runs: pd.DataFrame, tuned: str | None = None) -> pd.DataFrame:
         data = DEFAULT_DATA
     runs = runs.assign(budget=runs["total_steps"].astype(int), dataset=data)
     values = [grid.settings(c) for c in runs["config_json"]] if "config_json" in runs else [{}] * len(runs)
-    runs = runs.assign(settings=values, cell="")
-    outer = KEYS[:-1]
-    for _, group in runs.groupby(outer):
-        swept = [k for k in grid.swept_keys(zip(group["variant"], group["settings"], strict=True)) if k != tuned]
-        if swept:
-            runs.loc[group.index, "cell"] = [grid.label(v, swept) for v in group["settings"]]
-    return runs
+    groups = list(zip(*(runs[k] for k in KEYS[:-1]), strict=True))
+    return runs.assign(settings=values, cell=grid.cell_labels(groups, list(runs["variant"]), values, tuned))
 
 
 def swept(runs: pd.DataFrame) -> list[str]:

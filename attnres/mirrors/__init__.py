@@ -29,7 +29,6 @@ CHOICES = "mlflow[=URI], trackio[=PROJECT] or wandb[=PROJECT]"
 # attnres's final words for a run; the first three mean it ended as intended (a diverged run ended on purpose: its
 # loss went non-finite and attnres stopped it), so trackers that know "finished" vs "failed" say finished for them
 OK_STATUSES = (states.FINISHED, states.DIVERGED, states.STOPPED)
-STATUSES = states.STATES
 # the tag (MLflow) that finds a run again; W&B finds it by its id, trackio by its name
 IDENTITY_TAG = "attnres.identity"
 
@@ -101,6 +100,11 @@ def parse_many(text_or_specs: str | list[str]) -> list[Target]:
         target = parse(item)
         targets.setdefault(target.spec(), target)
     return list(targets.values())
+
+
+def specs(text_or_specs: str | list[str]) -> list[str]:
+    """:func:`parse_many`'s targets in their text form (what a run and the database keep)."""
+    return [t.spec() for t in parse_many(text_or_specs)]
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from attnres import mirrors
+from attnres.config import flatten
 from attnres.logline import say
 from attnres.tracking import depth_maps, mirror_marks, spool, states, store
 
@@ -34,6 +35,7 @@ Rows = list[tuple[int, dict[str, float]]]
 CHUNK = 1000  # steps a sync sends per call of a mirror (MLflow's log_batch takes 1,000 values a call)
 LOCK_WAIT_S = 30.0  # how long a trainer's sender waits for another sender of its run to finish
 SKIPPED = "skipped"  # a sync's result for a run another process is sending
+ENDS = (*states.ENDED, states.PREEMPTED)  # the states a mirror's run is ended with (a preempted one may resume)
 
 
 def database_id(engine: Engine) -> str:
@@ -44,15 +46,6 @@ def database_id(engine: Engine) -> str:
         where = str(Path(where).resolve())
     return hashlib.sha256(f"{url.get_backend_name()}://{url.host or ''}:{url.port or ''}/{where}".encode()
                           ).hexdigest()[:8]
-
-
-def _flat(d: dict, prefix: str = "") -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, value in d.items():
-        name = f"{prefix}{key}"
-        out.update(_flat(value, name + ".") if isinstance(value, dict) else {name: json.dumps(value)
-                                                                             if not isinstance(value, str) else value})
-    return out
 
 
 def run_info(engine: Engine, run: Run) -> mirrors.RunInfo:
@@ -66,7 +59,8 @@ def run_info(engine: Engine, run: Run) -> mirrors.RunInfo:
             "attnres.preset": run.preset, "attnres.experiment": run.experiment or run.preset,
             "attnres.config_hash": run.config_hash, "attnres.database": db}
     return mirrors.RunInfo(run_id=run.id, identity=f"{run.id}-{db}", name=f"{run.variant} s{run.seed} #{run.id}",
-                           experiment=run.experiment or run.preset, params=_flat(config), tags=tags)
+                           experiment=run.experiment or run.preset, tags=tags,
+                           params={k: v if isinstance(v, str) else json.dumps(v) for k, v in flatten(config).items()})
 
 
 def _after(rows: Iterable[tuple[int, dict[str, float]]], marks: dict[str, int]) -> Rows:
@@ -131,10 +125,13 @@ class Link:
             pass
 
 
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+
+
 def _warn(run_id: int, spec: str, exc: BaseException) -> None:
-    text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-    say(f"attnres: warning: mirror {spec} left out for run {run_id} ({text}); training and the database go on; "
-        f"`attnres sync --mirror {spec}` sends what it missed", err=True)
+    say(f"attnres: warning: mirror {spec} left out for run {run_id} ({_first_line(exc)}); training and the "
+        f"database go on; `attnres sync --mirror {spec}` sends what it missed", err=True)
 
 
 def lock_path(run: Run) -> Path:
@@ -221,7 +218,7 @@ class Sender:
                 _warn(self.run_id, spec, exc)
         while True:
             kind, item = self.inbox.get()
-            ending = kind == "status" and item in (*states.ENDED, states.PREEMPTED)
+            ending = kind == "status" and item in ENDS
             if kind == "catch up":  # (sent when the writer recovers, maybe before a resume's drop: sent later)
                 self.caught_up = False
                 continue
@@ -247,7 +244,7 @@ def sync(engine: Engine, specs: Sequence[str], run_ids: Sequence[int] | None = N
     Returns (run, mirror spec, values sent or the error's first line); ``on_run(run, spec, sent)`` is
     called as each is done (progress).
     """
-    targets = [mirrors.parse(s).spec() for s in specs]
+    targets = mirrors.specs(list(specs))
     done: list[tuple[int, str, int | str]] = []
     for run in mirror_marks.mirrored_runs(engine, run_ids):
         with spool.held(lock_path(run), wait=False) as free:
@@ -259,13 +256,13 @@ def sync(engine: Engine, specs: Sequence[str], run_ids: Sequence[int] | None = N
                     link = Link(engine, run, spec)
                     rows = mirror_marks.unsent(engine, run.id, link.marks)
                     sent = sum(link.send(rows[i:i + CHUNK]) for i in range(0, len(rows), CHUNK))
-                    if run.status in (*states.ENDED, states.PREEMPTED):
+                    if run.status in ENDS:
                         link.end(run.status)
                     result: int | str = sent
                 except mirrors.MirrorUnavailable:
                     raise
                 except Exception as exc:  # noqa: BLE001 - reported per run; the others are still sent
-                    result = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+                    result = _first_line(exc)
                 done.append((run.id, spec, result))
                 if on_run is not None:
                     on_run(run.id, spec, result if isinstance(result, int) else -1)

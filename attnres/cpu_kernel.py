@@ -127,6 +127,19 @@ def kernel(tensors: list[Tensor]) -> tuple[object, object] | None:
     return _load(dt)
 
 
+def widens(tensors: list[Tensor], cdt: torch.dtype) -> bool:
+    """Whether a call mixes bf16 CPU tensors into float32 ones, which the kernel then takes as float32 copies.
+
+    The kernel takes one dtype. A bf16 value is exact in float32, so the copies give bit for bit the
+    result of float32 sources (their gradients come back float32, and autograd rounds them to bf16 once);
+    without them such a call would take the PyTorch path, which differs from the kernel in last bits,
+    enough to round some bf16 gradient the other way.
+    """
+    dtypes = {t.dtype for t in tensors}
+    return enabled() and cdt == torch.float32 and torch.bfloat16 in dtypes and dtypes <= {torch.bfloat16, cdt} \
+        and all(t.device.type == "cpu" for t in tensors)
+
+
 def status() -> str:
     """Which path CPU depth attention takes here, in words (for ``attnres bench``)."""
     if not enabled():

@@ -81,6 +81,12 @@ class _Attend(torch.autograd.Function):
         ctx.has_bias = bias is not None
         given = [u, rs, *flat, *(t for t in (bias, prior, prior_lse) if t is not None)]
         ctx.triton = gpu_kernel.applies(given) and (gpu_kernel.is_forced() or _triton_trusted(str(u.device)))
+        if not ctx.triton and cpu_kernel.widens(given, cdt):  # exact float32 copies of bf16 sources for C
+            flat = [t.to(cdt) for t in flat]
+            keys = flat[:n]
+            values = flat[n:] if has_values else keys
+            prior = prior.to(cdt) if prior is not None else None
+            given = [u, rs, *flat, *(t for t in (bias, prior, prior_lse) if t is not None)]
         ctx.fused = None if ctx.triton else cpu_kernel.kernel(given)
         if ctx.triton:
             return _forward_triton(ctx, u, rs, bias, prior, prior_lse, keys, values, n_sites)

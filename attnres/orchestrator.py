@@ -17,7 +17,7 @@ from attnres.backends import Placement, Submitted
 from attnres.config import RunConfig
 from attnres.errors import AttnresError
 from attnres.planning import LaunchRequest, PlannedRun, check_data, git_commit
-from attnres.tracking import mirror_marks, spool, states, store
+from attnres.tracking import launches, mirror_marks, spool, states, store
 from attnres.variants import check_revision
 
 #: what reopening a run clears: the end and the message of its last attempt
@@ -49,9 +49,25 @@ def _record_spool(engine: Engine, run_id: int, path: Path) -> None:
             raise AttnresError(f"run {run_id}: {exc}") from None
 
 
-def enqueue(engine: Engine, cells: Sequence[PlannedRun], req: LaunchRequest) -> list[int]:
-    """Create queued run rows (or reopen the interrupted run of a cell); return the ids to run, in order."""
+class Stage:
+    """The launch that the runs created now belong to: recorded when its first new run is, so a relaunch
+    that only continues interrupted runs (which keep their own) adds no stage."""
+
+    def __init__(self, origin: str = launches.LAUNCH, plan: dict | None = None) -> None:
+        self.origin, self.plan, self.id = origin, plan, None
+
+    def __call__(self, engine: Engine) -> int:
+        if self.id is None:
+            self.id = launches.create(engine, self.origin, self.plan)
+        return self.id
+
+
+def enqueue(engine: Engine, cells: Sequence[PlannedRun], req: LaunchRequest, stage: Stage | None = None) -> list[int]:
+    """Create queued run rows (or reopen the interrupted run of a cell); return the ids to run, in order.
+
+    New runs belong to ``stage`` (a launch of their own by default)."""
     ids = []
+    stage = stage or Stage()
     mirrors = req.mirrors if req.mirrors is not None else mirror_marks.default_mirrors(engine)
     outside = {"mirrors_json": json.dumps(mirrors) if mirrors else None,
                "on_end_json": json.dumps(req.on_end) if req.on_end else None}
@@ -65,7 +81,7 @@ def enqueue(engine: Engine, cells: Sequence[PlannedRun], req: LaunchRequest) -> 
             if cell.run_id is None:  # (no backend looks at a queued run before its log path is set)
                 cell.run_id = store.create_run(engine, cell.cfg, world_size=req.placement.nproc,
                                                git_commit=git_commit(), backend=req.backend, rule_json=rule,
-                                               **outside)
+                                               launch_id=stage(engine), **outside)
                 store.update_run(engine, cell.run_id, log_path=str(paths.run_log(cell.run_id)))
             elif not _reopen(engine, cell.run_id, log_path=str(paths.run_log(cell.run_id)), backend=req.backend,
                              rule_json=rule, **outside):
@@ -84,16 +100,22 @@ def enqueue(engine: Engine, cells: Sequence[PlannedRun], req: LaunchRequest) -> 
 
 
 def launch(engine: Engine, db_url: str, req: LaunchRequest, cells: Sequence[PlannedRun], *, detach: bool = False,
-           on_queued: Callable[[list[int]], Callable[[], None] | None] | None = None) -> tuple[list[int], Submitted]:
-    """Record the planned runs as queued and hand them to the request's backend.
+           on_queued: Callable[[list[int]], Callable[[], None] | None] | None = None,
+           stage: Stage | None = None, more: Sequence[tuple[LaunchRequest, Sequence[PlannedRun]]] = ()
+           ) -> tuple[list[int], Submitted]:
+    """Record the planned runs as queued, as one stage, and hand them to the request's backend.
 
-    ``on_queued(ids)`` is called once the rows exist and may return a tick callback that the
-    backend calls while it waits (the CLI's progress bars).
+    ``more`` are further (request, cells) of the same stage (``attnres next`` launches a plan of several
+    commands as one), submitted with the first request's backend and placement. ``on_queued(ids)`` is
+    called once the rows exist and may return a tick callback that the backend calls while it waits
+    (the CLI's progress bars).
     """
-    for name, vocab in {(c.cfg.data, c.cfg.model.vocab_size) for c in cells if not c.skip}:
+    batches = [(req, cells), *more]
+    for name, vocab in {(c.cfg.data, c.cfg.model.vocab_size) for _, cs in batches for c in cs if not c.skip}:
         check_data(name, vocab)
-    planned = [c for c in cells if not c.skip]
-    ids = enqueue(engine, cells, req)
+    planned = [c for _, cs in batches for c in cs if not c.skip]
+    stage = stage or Stage()
+    ids = [run_id for r, cs in batches for run_id in enqueue(engine, cs, r, stage)]
     late = [f"{c.cfg.variant} seed={c.cfg.seed}: skip: {c.skip}" for c in planned if c.skip]
     if not ids:
         return ids, Submitted(late)
@@ -101,6 +123,20 @@ def launch(engine: Engine, db_url: str, req: LaunchRequest, cells: Sequence[Plan
     done = backends.get(req.backend).submit(engine, db_url, ids, req.placement, detach=detach, on_tick=tick)
     done.lines[:0] = late
     return ids, done
+
+
+def launch_plan(engine: Engine, db_url: str, batches: Sequence[tuple[LaunchRequest, Sequence[PlannedRun]]],
+                plan: dict, *, detach: bool = False,
+                on_queued: Callable[[list[int]], Callable[[], None] | None] | None = None,
+                ) -> tuple[list[int], Submitted]:
+    """Launch a plan's requests (``attnres next --launch``; each with its cells from :func:`planning.plan`) as one
+    stage that records ``plan``: the comparisons it is meant to resolve and the seeds per arm it planned, which
+    a report then tests as planned."""
+    if not batches or all(c.skip for _, cells in batches for c in cells):
+        return [], Submitted([])
+    (req, cells), *more = batches
+    return launch(engine, db_url, req, cells, detach=detach, on_queued=on_queued, stage=Stage(launches.NEXT, plan),
+                  more=more)
 
 
 def reopen(engine: Engine, run_ids: Sequence[int], restart: bool = False) -> int:

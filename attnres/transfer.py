@@ -16,6 +16,8 @@ One row per metric point, long format:
                            largest budget of the file's finished runs of the same preset)
     device   optional  what trained it, e.g. "4x NVIDIA B200" (the report's provenance)
     message  optional  why it ended (a failed or killed run's cause)
+    launch   optional  which runs were launched together (a stage: see attnres.tracking.launches);
+                       without it, the runs a file creates are one stage
 
 Depth-attention maps travel as keys ``depth:SITE:SOURCE`` (see attnres.tracking.depth_maps).
 
@@ -34,7 +36,7 @@ import pandas as pd
 from sqlalchemy import Engine
 
 from attnres.errors import AttnresError
-from attnres.tracking import depth_maps, states, store
+from attnres.tracking import depth_maps, launches, states, store
 from attnres.variants import canonical
 
 REQUIRED = ["variant", "seed", "step", "key", "value"]
@@ -54,8 +56,8 @@ def export(engine: Engine, out: Path, fmt: str = "csv", experiment: str | None =
                                                            (("experiment", experiment), ("preset", preset)) if v))
     out.mkdir(parents=True, exist_ok=True)
     metrics = store.all_metrics(engine, runs["id"].tolist())
-    cols = ["variant", "seed", "status", "preset", "experiment", "total_steps", "device", "message"]
-    metrics = metrics.join(runs.set_index("id")[cols], on="run_id")
+    cols = ["variant", "seed", "status", "preset", "experiment", "total_steps", "device", "message", "launch"]
+    metrics = metrics.join(runs.rename(columns={"launch_id": "launch"}).set_index("id")[cols], on="run_id")
     metrics.insert(0, "run", "run-" + metrics.pop("run_id").astype(str))
     metrics = metrics[["run", "variant", "seed", "step", "key", "value", *cols[2:]]]
     paths = [out / f"runs.{fmt}", out / f"metrics.{fmt}"]
@@ -142,6 +144,7 @@ def import_file(engine: Engine, path: Path, df: pd.DataFrame | None = None) -> d
     df = read_import(path) if df is None else df
     budgets = _budgets(df)
     created = 0
+    stages: dict[object, int] = {}  # the file's stages (its launch column), else the file is one stage
     for (label, variant, seed), grp in df.groupby(["run", "variant", "seed"], sort=True):
         ident = hashlib.sha256(f"import:{label}:{variant}:{seed}".encode()).hexdigest()[:12]
         run_id = store.run_with_hash(engine, ident)
@@ -151,6 +154,9 @@ def import_file(engine: Engine, path: Path, df: pd.DataFrame | None = None) -> d
             budget = _given(grp, "total_steps")
             budget = int(budget) if budget is not None else last if status == states.FINISHED else \
                 max(last, budgets.get(preset, last))
+            given = _given(grp, "launch")
+            if given not in stages:
+                stages[given] = launches.create(engine, launches.IMPORT)
             run_id = states.create(
                 engine, states.IMPORTER, status, variant=variant, seed=int(seed), preset=preset,
                 experiment=str(_given(grp, "experiment") or preset), device=_given(grp, "device"),
@@ -158,7 +164,8 @@ def import_file(engine: Engine, path: Path, df: pd.DataFrame | None = None) -> d
                 config_json=json.dumps({"variant": variant, "seed": int(seed), "imported": str(label)}),
                 total_steps=budget, step=last, created_at=store.now(), backend=IMPORTED,
                 ended_at=None if status in states.ACTIVE else store.now(), world_size=1,
-                stop_step=last if status not in (*states.ACTIVE, states.FINISHED) else None)
+                stop_step=last if status not in (*states.ACTIVE, states.FINISHED) else None,
+                launch_id=stages[given])
             created += 1
         store.log_metrics(engine, run_id, list(zip(grp["step"], grp["key"], grp["value"], strict=True)))
         store.summarize(engine, run_id)

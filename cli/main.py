@@ -19,6 +19,7 @@ from cli.bars import RunBars
 
 if TYPE_CHECKING:
     from attnres.backends import Submitted
+    from attnres.planning import PlannedRun
 
 
 @app.command()
@@ -91,11 +92,7 @@ def launch(
     engine = None if dry_run else get_engine(db)
     cells = planning.plan(engine, req)
     for c in cells:
-        state = f"[yellow]skip[/]: {c.skip}" if c.skip else ("[cyan]resume[/] run " + str(c.run_id)
-                                                            if c.run_id else "[green]run[/]")
-        cell = "".join(f" {k}={v}" for k, v in c.cell.items())
-        console.print(f"{c.cfg.variant}{cell} seed={c.cfg.seed} preset={c.cfg.preset} steps={c.cfg.train.steps} "
-                      f"{state}")
+        show_cell(c)
         if dry_run and not c.skip:
             cmd = trainer_command(c.run_id or "{run_id}", url, nproc)
             console.print("  " + shlex.join(cmd), soft_wrap=True, markup=False)
@@ -110,6 +107,19 @@ def launch(
     finally:
         bars.close()
     _show_submitted(engine, done)
+
+
+def show_cell(c: PlannedRun) -> None:
+    """One planned cell: variant, swept values, seed, and whether it runs, resumes or is skipped (and why)."""
+    from rich.text import Text
+
+    cell = "".join(f" {k}={v}" for k, v in c.cell.items())
+    line = Text(f"{c.cfg.variant}{cell} seed={c.cfg.seed} preset={c.cfg.preset} steps={c.cfg.train.steps} ")
+    if c.skip:
+        line.append("skip", "yellow").append(f": {c.skip}")
+    else:
+        line.append(f"resume run {c.run_id}" if c.run_id else "run", "cyan" if c.run_id else "green")
+    console.print(line)
 
 
 def _stopped(stop: Exception) -> None:
@@ -406,7 +416,8 @@ def main() -> None:
         raise
 
 
-import cli.tools  # noqa: E402,F401  (registers its commands on app)
+import cli.tools  # noqa: E402  (registers its commands on app)
+import cli.whats_next  # noqa: E402,F401  (registers `attnres next`)
 
 if __name__ == "__main__":
     main()

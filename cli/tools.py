@@ -47,7 +47,7 @@ def import_cmd(
 def bench(
     target: Annotated[list[str] | None, typer.Argument(
         help="variants to race against standard (default: every variant with a target), or data | report | "
-             "tracker")] = None,
+             "tracker | errors")] = None,
     preset: Annotated[str, typer.Option(help="variants: model size (default `bench`: 12L d512, vocab 512)")] = "bench",
     steps: Annotated[int | None, typer.Option(
         help="variants: timed steps (10); report: steps per run (6000; tracker: 3000)")] = None,
@@ -62,14 +62,28 @@ def bench(
     repeat: Annotated[int | None, typer.Option(
         min=1, help="bench tracker: tries per measure, the best kept (default: ingest 5, report 2, "
                     "processes 3)")] = None,
+    draws: Annotated[int, typer.Option(min=1, help="bench errors: synthetic databases per design")] = 200,
+    variants: Annotated[int, typer.Option(min=1, max=11, help="bench errors: variants against the baseline")] = 9,
+    seeds: Annotated[int, typer.Option("--seeds", min=2, help="bench errors: seeds per variant")] = 3,
     json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
     """Benchmarks measured side by side in one process: variants vs standard, data preparation, reports."""
     import json
 
     kind = target[0] if target else "variants"
-    if kind in {"data", "report", "tracker"}:
-        if kind == "data":
+    if kind in {"data", "report", "tracker", "errors"}:
+        if kind == "errors":
+            from rich.progress import Progress, TextColumn, TimeElapsedColumn
+
+            from reports.bench import family_wise, sequential
+
+            with Progress(TextColumn("{task.description}"), TimeElapsedColumn(), console=err, disable=json_out,
+                          transient=True) as bar:
+                task = bar.add_task("errors")
+                tick = lambda msg: bar.update(task, description=msg)  # noqa: E731
+                result = {**{f"family_wise_{k}": v for k, v in family_wise(draws, variants, seeds, progress=tick)
+                             .items()}, **{f"sequential_{k}": v for k, v in sequential(draws, progress=tick).items()}}
+        elif kind == "data":
             from attnres.bench.data import bench_data
 
             result = bench_data(megabytes)

@@ -1,14 +1,39 @@
-"""``attnres bench report``: the document's generation timed over a synthetic database, in one process."""
+"""``attnres bench report`` and ``attnres bench errors``: the report's speed and its statistics' error rates.
+
+``bench report`` times the document's generation over a synthetic database, in one process.
+
+``bench errors`` measures how often the document calls a comparison resolved when nothing differs.
+Each draw is a fresh SQLite database filled through ``attnres import`` with runs whose eval losses share
+one distribution (no true difference), then ``attnres report``'s own code writes the document, and the
+document's text is read back: its verdicts and its Statistical Evidence table. Two designs:
+
+* **family-wise**: a baseline and ``variants`` variants with ``seeds`` seeds each, one import (one stage);
+  the rate of draws in which at least one variant is called resolved must stay at or under α = 0.05
+  (and, beside it, the rate plain p < 0.05 per comparison would give);
+* **sequential**: one variant against the baseline, two seeds each, then one more seed each per import
+  (a new stage, a new look), reporting after each, up to ``looks`` looks, stopping at the first
+  "resolved": adding seeds until p < 0.05 must not produce a resolved (beside it, the rate of stopping at
+  plain p < 0.05).
+"""
 
 from __future__ import annotations
 
+import math
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+from statsmodels.stats.proportion import proportion_confint
 
 from attnres.bench.synthetic import synthetic_db
 from attnres.errors import AttnresError
-from attnres.tracking.db import get_engine
+from attnres.tracking.db import forget_engines, get_engine
+from attnres.transfer import import_file
+from attnres.variants import VARIANTS
 from reports.build import write_report
 
 
@@ -30,3 +55,99 @@ def bench_report(runs: int = 200, steps: int = 6000) -> dict[str, float]:
         t_plots = time.perf_counter() - t0
     return {"runs": runs, "steps": steps, "metric_rows": rows, "fill_rows_per_s": rows / t_fill,
             "report_s": t_report, "report_with_plots_s": t_plots}
+
+
+BUDGET = 100
+
+
+def _rows(variant: str, seeds: list[int], values: list[float]) -> list[dict[str, object]]:
+    return [{"variant": variant, "seed": s, "step": step, "key": "eval_loss",
+             "value": v + (0.5 if step < BUDGET else 0), "status": "finished", "preset": "tiny", "experiment": "null",
+             "total_steps": BUDGET}
+            for s, v in zip(seeds, values, strict=True) for step in (BUDGET // 2, BUDGET)]
+
+
+def evidence_rows(text: str) -> list[dict[str, str]]:
+    """The Statistical Evidence table of a document, one dict per row."""
+    section = text.split("## Statistical Evidence", 1)[-1].split("\n## ", 1)[0]
+    lines = [ln for ln in section.splitlines() if ln.startswith("|")]
+    if len(lines) < 2:
+        return []
+    cols = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [dict(zip(cols, [c.strip() for c in ln.strip("|").split("|")], strict=True)) for ln in lines[2:]]
+
+
+def verdicts(text: str) -> dict[str, str]:
+    """The Cost/Benefit table's verdict per variant."""
+    section = text.split("## Cost/Benefit Summary", 1)[-1].split("\n## ", 1)[0]
+    out = {}
+    for ln in section.splitlines()[4:]:
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        if ln.startswith("|") and len(cells) == 5:
+            out[cells[0]] = cells[4]
+    return out
+
+
+def _report(folder: Path, files: list[pd.DataFrame]) -> str:
+    db = folder / "runs.db"
+    engine = get_engine(str(db))
+    for i, frame in enumerate(files):
+        path = folder / f"stage-{i}.csv"
+        frame.to_csv(path, index=False)
+        import_file(engine, path)
+    return write_report(engine, folder / "r.md", plots=False)
+
+
+def family_wise(draws: int = 200, variants: int = 9, seeds: int = 3, sigma: float = 0.01, seed: int = 0,
+                progress: Callable[[str], None] | None = None) -> dict[str, float]:
+    """The rate of draws with at least one variant called resolved, all variants equal to the baseline."""
+    names = [v for v in VARIANTS if v != "standard" and VARIANTS[v].depth_mult == 1][:variants]
+    if len(names) < variants or draws < 1 or seeds < 2:
+        raise AttnresError(f"bench errors: at most {len(names)} variants, at least 1 draw and 2 seeds")
+    rng = np.random.default_rng(seed)
+    hits = any_hits = naive = 0
+    for d in range(draws):
+        values = {v: 3.0 + rng.normal(0, sigma, seeds) for v in ["standard", *names]}
+        frame = pd.DataFrame([r for v, x in values.items() for r in _rows(v, list(range(1, seeds + 1)), list(x))])
+        with tempfile.TemporaryDirectory() as tmp:
+            text = _report(Path(tmp), [frame])
+            forget_engines()
+        hits += any(" — resolved (" in v for v in verdicts(text).values())
+        any_hits += any(r["Evidence"].startswith("resolved") for r in evidence_rows(text))
+        naive += any(stats.ttest_ind(values[v], values["standard"], equal_var=False).pvalue < 0.05 for v in names)
+        if progress:
+            progress(f"family-wise: draw {d + 1}/{draws}")
+    return {"draws": draws, "variants": variants, "seeds": seeds, **_rate("variant_resolved", hits, draws),
+            **_rate("any_test_resolved", any_hits, draws), **_rate("plain_p_below_0.05", naive, draws)}
+
+
+def sequential(draws: int = 200, looks: int = 8, sigma: float = 0.01, seed: int = 1,
+               progress: Callable[[str], None] | None = None) -> dict[str, float]:
+    """The rate of draws in which adding one seed per arm per look, up to ``looks`` looks, ever gives a resolved."""
+    rng = np.random.default_rng(seed)
+    hits = naive = 0
+    for d in range(draws):
+        base = list(3.0 + rng.normal(0, sigma, looks + 1))
+        var = list(3.0 + rng.normal(0, sigma, looks + 1))
+        naive += any(stats.ttest_ind(var[: k + 2], base[: k + 2], equal_var=False).pvalue < 0.05 for k in range(looks))
+        with tempfile.TemporaryDirectory() as tmp:
+            files = []
+            for k in range(looks):
+                seeds = [1, 2] if k == 0 else [k + 2]
+                files.append(pd.DataFrame(_rows("standard", seeds, [base[s - 1] for s in seeds])
+                                          + _rows("control_block", seeds, [var[s - 1] for s in seeds])))
+                text = _report(Path(tmp), files[-1:])
+                if any(" — resolved (" in v for v in verdicts(text).values()):
+                    hits += 1
+                    break
+            forget_engines()
+        if progress:
+            progress(f"sequential: draw {d + 1}/{draws}")
+    return {"draws": draws, "looks": looks, **_rate("ever_resolved", hits, draws),
+            **_rate("plain_p_below_0.05_at_some_look", naive, draws)}
+
+
+def _rate(name: str, hits: int, n: int) -> dict[str, float]:
+    lo, hi = proportion_confint(hits, n, alpha=0.05, method="beta")
+    return {f"{name}_rate": hits / n, f"{name}_ci_low": float(lo), f"{name}_ci_high": float(hi)
+            if math.isfinite(hi) else 1.0}

@@ -18,12 +18,14 @@ from sqlalchemy import URL, Engine
 
 from attnres.errors import AttnresError
 from attnres.planning import git_commit
-from attnres.tracking import depth_maps
+from attnres.tracking import depth_maps, launches
 from attnres.tracking.reads import Results, load_results, run_table
 from attnres.tracking.states import EARLY
 from attnres.variants import VARIANTS, canonical
 from reports import compare as cmp
+from reports.analysis import analyse
 from reports.document import Inputs, assemble, report_parts
+from reports.plan import MAX_SEEDS, Plan
 from reports.plots import delta_curves, depth_heatmaps, throughput_vs_delta
 from reports.scope import Scope, choose, select
 from reports.stats import ReportError
@@ -91,10 +93,16 @@ def _tuned(res: Results, key: str | None) -> pd.DataFrame | None:
     return table
 
 
+def launch_plans(engine: Engine) -> dict[int, dict]:
+    """Launch id -> what ``attnres next`` pre-registered for it (its planned comparisons and seeds)."""
+    frame = launches.frame(engine)
+    return {int(i): p for i, p in zip(frame["id"], frame["plan"], strict=True) if p}
+
+
 def write_report(engine: Engine, out: Path, baseline: str = "standard", step: int | None = None,
                  plots: bool = True, experiment: str | None = None, preset: str | None = None,
                  budget: int | None = None, data: str | None = None, pick: dict[str, str] | None = None,
-                 tuned: str | None = None) -> str:
+                 tuned: str | None = None, max_seeds: int = MAX_SEEDS) -> str:
     """Build the document of one scope from the database; write it (and PNGs under ``reports/`` beside it).
 
     ``pick`` chooses a cell of a sweep (``--set lr=1e-3``); ``tuned`` compares each variant at its best
@@ -111,7 +119,8 @@ def write_report(engine: Engine, out: Path, baseline: str = "standard", step: in
                      "(`attnres variants` lists what changed); launch them again to include them.")
     inp = Inputs(res.runs, res.evals, scope, {v.name: v.description for v in VARIANTS.values()}, deep_variants(),
                  baseline, step, res.maps, provenance(engine, res.runs), notes=notes, others=others,
-                 tuning=tuning_markdown(table, tuned) if table is not None else "")
+                 tuning=tuning_markdown(table, tuned) if table is not None else "", plans=launch_plans(engine),
+                 max_seeds=max_seeds)
     try:
         before, after = report_parts(inp)  # first the text: bad data fails here, before any file is written
         if plots:
@@ -121,6 +130,21 @@ def write_report(engine: Engine, out: Path, baseline: str = "standard", step: in
         raise AttnresError(f"cannot build the report: {exc}") from None
     out.write_text(text)
     return text
+
+
+def next_plan(engine: Engine, baseline: str = "standard", experiment: str | None = None, preset: str | None = None,
+              budget: int | None = None, data: str | None = None, pick: dict[str, str] | None = None,
+              max_seeds: int = MAX_SEEDS) -> Plan:
+    """The What's Next plan of one scope (as its document gives it): what ``attnres next`` prints and launches."""
+    runs, scope, _ = _scoped(engine, experiment, preset, budget, baseline, data, pick)
+    res = load_results(engine, runs=runs)
+    if baseline not in set(res.runs["variant"]):
+        raise AttnresError(f"no runs of the baseline '{baseline}' in {scope.label()}; run it or pass --baseline")
+    try:
+        return analyse(res.runs, res.evals, scope, baseline, deep_variants(), None, launch_plans(engine),
+                       max_seeds).plan
+    except ReportError as exc:
+        raise AttnresError(f"cannot plan: {exc}") from None
 
 
 def _figures(inp: Inputs, folder: Path) -> dict[str, str]:

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pandas as pd
+from statsmodels.stats.multitest import multipletests
 
 from attnres.config import flatten
 from reports.stats import ReportError, finite, mean_ci, versus
@@ -30,8 +31,9 @@ def aligned_evals(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str]) 
 
 
 def seed_stats(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str], step: int) -> pd.DataFrame:
-    """Per variant at ``step``: seeds, mean, std, 95% CI; against the first: Δ, Welch t/p, the paired
-    test over shared seeds, and the seeds per arm an exact t-test power calculation asks for."""
+    """Per variant at ``step``: seeds, mean, std, 95% CI; against the first: Δ, Welch t/p with its
+    Holm-adjusted p over the variants compared with the first (statsmodels), the paired test over shared
+    seeds, and the seeds per arm an exact t-test power calculation asks for."""
     at = finite(evals)[lambda e: e["step"] == step].merge(runs[["id", "variant", "seed"]], left_on="run_id",
                                                            right_on="id")
     by_seed = {v: dict(zip(g["seed"], g["value"], strict=True)) for v, g in at.groupby("variant")}
@@ -46,7 +48,12 @@ def seed_stats(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str], ste
         rows.append({"variant": v, "seeds": len(mine), "mean": mean, "std": std, "ci_low": lo, "ci_high": hi,
                      "delta": delta, "welch_t": ev["t"], "welch_p": ev["p"], "paired_n": ev["pairs"],
                      "paired_t": ev["paired_t"], "paired_p": ev["paired_p"], "seeds_needed": ev["seeds_needed"]})
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    out.insert(out.columns.get_loc("welch_p") + 1, "holm_p", math.nan)
+    tested = out.index[out["welch_p"].notna()]
+    if len(tested):
+        out.loc[tested, "holm_p"] = multipletests(out.loc[tested, "welch_p"].to_numpy(), method="holm")[1]
+    return out
 
 
 def config_diff(runs: pd.DataFrame, variants: list[str]) -> pd.DataFrame:

@@ -13,10 +13,14 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from attnres.tracking.states import ACTIVE, EARLY, FINISHED
-from reports import depthmaps
-from reports.scope import Choice, Scope, choose
+from reports import depthmaps, evidence, findings
+from reports import plan as whats_next
+from reports.analysis import Analysis, analyse
+from reports.evidence import Comparison
+from reports.scope import Choice, Scope
 from reports.stats import MARKS, STARS_RULE, ReportError
-from reports.tables import VERDICT_RULE, baseline_row, completed, cost_benefit, family, multi_seed, per_variant
+from reports.tables import baseline_row, completed, family, multi_seed
+from reports.verdicts import RULE
 
 
 @dataclass
@@ -36,6 +40,8 @@ class Inputs:
     notes: list[str] = field(default_factory=list)
     others: list[Scope] = field(default_factory=list)
     tuning: str = ""  # with --tuned: the section saying which value of the setting each variant is compared at
+    plans: Mapping[int, dict] = field(default_factory=dict)  # launch id -> what `attnres next` pre-registered
+    max_seeds: int = whats_next.MAX_SEEDS  # seeds per arm What's Next asks for at most
 
 
 def _md(df: pd.DataFrame) -> str:
@@ -107,20 +113,14 @@ def _progress_notes(choice: Choice) -> list[str]:
     return notes
 
 
-def main_section(inp: Inputs, shallow: list[str]) -> tuple[str, pd.DataFrame | None, int | None]:
-    runs = inp.runs[inp.runs["variant"].isin(shallow)]
-    choice = choose(runs, inp.evals, shallow, inp.baseline, inp.step)
-    if choice is None:
-        raise ReportError(f"the baseline '{inp.baseline}' has no eval loss yet in this scope; wait for its first "
-                          "eval, or pass --baseline")
-    table = per_variant(runs, inp.evals, choice.step, None)
-    main = completed(table, inp.baseline, choice.behind)
-    text = [f"## Results\n\nEval loss (held-out data) {_where(choice, inp.scope.budget)}. Lower is better. "
+def main_section(inp: Inputs, a: Analysis) -> str:
+    main = completed(a.table, inp.baseline, a.main.behind)
+    text = [f"## Results\n\nEval loss (held-out data) {_where(a.main, inp.scope.budget)}. Lower is better. "
             f"Baseline = {inp.baseline}. Eval loss is the mean ± std over seeds, or the one seed's value; "
             "Δ is between means; final train loss and throughput are means over the same seeds.\n",
             _md(main) + "\n"]
-    text += [f"{n}\n" for n in main.attrs["footnotes"] + inp.notes + _progress_notes(choice)]
-    return "\n".join(text), table, choice.step
+    text += [f"{n}\n" for n in main.attrs["footnotes"] + inp.notes + _progress_notes(a.main)]
+    return "\n".join(text)
 
 
 def ended_section(runs: pd.DataFrame) -> str:
@@ -137,52 +137,56 @@ def ended_section(runs: pd.DataFrame) -> str:
     return "## Runs That Ended Early\n\n" + _md(rows) + "\n"
 
 
-def multi_seed_section(tables: Mapping[str, pd.DataFrame], baseline: str, step: int) -> str:
+def multi_seed_section(tables: Mapping[str, pd.DataFrame], baseline: str, step: int,
+                       tests: Mapping[str, Comparison]) -> str:
     if not tables:
         return f"## Multi-Seed Results\n\nNo variant has two or more seeds at step {step:,} yet.\n"
     parts = ["## Multi-Seed Results\n",
              f"Per seed, mean, sample std and the 95% t-interval of the mean, at step {step:,}. Against "
-             f"{baseline}: Welch's t-test (≥ 2 seeds on both sides), the paired t-test over the seeds both have "
-             "(the same seed sees the same data order), and the seeds per arm an exact two-sample t-test "
-             "(α 0.05, power 0.8) needs to resolve the observed Δ with the observed spread.\n"]
+             f"{baseline}: Welch's t-test (≥ 2 seeds on both sides) and the paired t-test over the seeds both have "
+             "(the same seed sees the same data order); the evidence is the Statistical Evidence table's (after "
+             "family-wise control and sequential testing).\n"]
     for variant, table in tables.items():
         a = table.attrs
         parts.append(f"### {variant}\n\n{_md(table)}\n")
         if a:
-            need = a["seeds_needed"]
+            c = tests.get(variant)
             parts.append(
                 f"Δ vs {baseline}: {_num(a['delta'], '+.4f')} ({a['n']} vs {a['n_base']} seeds); Welch t = "
                 f"{_num(a['t'], '.3f')}, p = {_num(a['p'], '.4f')}; paired over {a['pairs']} shared seed(s): "
                 f"Δ {_num(a['paired_delta'], '+.4f')}, t = {_num(a['paired_t'], '.3f')}, p = "
-                f"{_num(a['paired_p'], '.4f')}; {'resolved' if a['resolved'] else 'unresolved'}; seeds per arm "
-                f"to resolve: {'n/a' if need != need else ('> 100,000' if math.isinf(need) else f'{need:.0f}')}.\n")
+                f"{_num(a['paired_p'], '.4f')}" + (f"; evidence: {evidence.evidence_text(c)}.\n" if c else ".\n"))
     return "\n".join(parts)
 
 
-def deep_section(inp: Inputs, members: list[str]) -> str:
-    runs = inp.runs[inp.runs["variant"].isin([*members, inp.baseline])]
-    if not set(members) & set(runs["variant"]):
+def deep_section(inp: Inputs, a: Analysis, members: list[str]) -> str:
+    if not set(members) & set(inp.runs["variant"]):
         return ""
-    choice = choose(runs, inp.evals, members, inp.baseline)
     head = f"## Deep Variants\n\nDepth-scaled variants against the shallow {inp.baseline} baseline.\n"
-    if choice is None or len(choice.compared) < 2:
-        waiting = "; ".join(f"{v} (step ~{s:,})" for v, s in (choice.too_early.items() if choice else []))
+    if a.deep_table is None:
+        waiting = "; ".join(f"{v} (step ~{s:,})" for v, s in (a.deep.too_early.items() if a.deep else []))
         return head + ("\nNo deep variant has an eval at a step the baseline has yet"
                        + (f": {waiting}" if waiting else "") + ".\n")
-    table = per_variant(runs, inp.evals, choice.step, choice.compared)
-    table.attrs["step"] = choice.step
-    text = [head, f"Comparison {_where(choice, inp.scope.budget)}.\n", _md(family(table, inp.baseline)) + "\n"]
-    text += [f"{n}\n" for n in _progress_notes(choice)]
+    assert a.deep is not None
+    text = [head, f"Comparison {_where(a.deep, inp.scope.budget)}.\n", _md(family(a.deep_table, inp.baseline)) + "\n"]
+    text += [f"{n}\n" for n in _progress_notes(a.deep)]
     return "\n".join(text)
 
 
-def cost_section(table: pd.DataFrame, baseline: str) -> str:
-    base = baseline_row(table, baseline)
+def evidence_section(a: Analysis) -> str:
+    if not a.tests:
+        return ""
+    return ("## Statistical Evidence\n\nEvery test this document makes. " + evidence.METHOD + "\n\n"
+            + _md(evidence.table(a.tests)) + "\n")
+
+
+def cost_section(a: Analysis, baseline: str) -> str:
+    base = baseline_row(a.table, baseline)
     mem = base["peak_memory_bytes"]
     mem_txt = f"{mem / 2**30:.2f} GiB" if isinstance(mem, float) and math.isfinite(mem) else "unknown"
-    return (f"## Cost/Benefit Summary\n\n{_md(cost_benefit(table, baseline))}\n\nSpeed cost = change in tok/s vs "
+    return (f"## Cost/Benefit Summary\n\n{_md(a.verdicts)}\n\nSpeed cost = change in tok/s vs "
             f"{baseline}. Memory cost = change in peak memory vs {baseline} ({mem_txt}).\n\n{STARS_RULE}\n\n"
-            f"{VERDICT_RULE}\n")
+            f"{RULE}\n")
 
 
 def maps_section(inp: Inputs) -> str:
@@ -215,11 +219,13 @@ def report_parts(inp: Inputs, title: str = "AttnRes: Attention Over the Residual
     if inp.baseline not in set(inp.runs["variant"]):
         raise ReportError(f"no runs of the baseline '{inp.baseline}' in {inp.scope.label()}; run it or pass --baseline")
     deep = [v for v in inp.deep if v != inp.baseline]
-    shallow = [v for v in sorted(set(inp.runs["variant"])) if v not in deep]
-    main, table, step = main_section(inp, shallow)
-    parts = [f"# {title}\n", header(inp), variants_section(inp), inp.tuning, main, ended_section(inp.runs)]
-    parts.append(multi_seed_section(multi_seed(inp.runs, table, inp.baseline, step), inp.baseline, step))
-    parts += [deep_section(inp, deep), cost_section(table, inp.baseline), maps_section(inp)]
+    a = analyse(inp.runs, inp.evals, inp.scope, inp.baseline, deep, inp.step, inp.plans, inp.max_seeds)
+    parts = [f"# {title}\n", header(inp), variants_section(inp), inp.tuning, main_section(inp, a),
+             ended_section(inp.runs)]
+    parts.append(multi_seed_section(multi_seed(inp.runs, a.table, inp.baseline, a.main.step), inp.baseline,
+                                    a.main.step, a.by_variant))
+    parts += [deep_section(inp, a, deep), evidence_section(a), maps_section(inp), findings.markdown(a.findings),
+              cost_section(a, inp.baseline), whats_next.markdown(a.plan)]
     after = []
     if inp.others:
         after.append("## Other Experiments in This Database\n\nNot in this document (a table never mixes "

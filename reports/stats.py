@@ -106,11 +106,22 @@ def paired(a: dict[int, float], b: dict[int, float]) -> tuple[int, float, float,
 
 def t_power(n: int, effect: float, alpha: float = ALPHA) -> float:
     """Exact power of a two-sided two-sample t-test with ``n`` per arm at standardized ``effect``
-    (noncentral t with 2n - 2 degrees of freedom)."""
+    (noncentral t with 2n - 2 degrees of freedom).
+
+    scipy's noncentral t returns NaN for some far tails (the lower one, against a large noncentrality,
+    where the probability is below 1e-30): such a tail counts as 0 (its complement as 1), so a large
+    effect gets its power of about 1 instead of a NaN that would stop the search for a seed count.
+    """
     df = 2 * n - 2
     crit = stats.t.ppf(1 - alpha / 2, df)
     nc = abs(effect) * math.sqrt(n / 2)
-    return float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
+    upper = float(stats.nct.sf(crit, df, nc))
+    if not math.isfinite(upper):
+        upper = 1.0 - float(stats.nct.cdf(crit, df, nc))
+    if not math.isfinite(upper):
+        upper = 1.0 if nc > crit else 0.0
+    lower = float(stats.nct.cdf(-crit, df, nc))
+    return min(1.0, upper + (lower if math.isfinite(lower) else 0.0))
 
 
 def seeds_needed(delta: float, std_a: float, std_b: float, alpha: float = ALPHA, power: float = POWER,
@@ -127,11 +138,18 @@ def seeds_needed(delta: float, std_a: float, std_b: float, alpha: float = ALPHA,
     if sigma == 0:
         return 2.0
     effect = abs(delta) / sigma
-    lo, hi = 2, 2
-    while t_power(hi, effect, alpha) < power:  # bracket, then bisect on the monotone power curve
+    # bracket from the normal approximation (the t-test needs a little more than the z-test), then bisect
+    # on the monotone exact power: a handful of noncentral-t evaluations, whatever the count
+    z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
+    lo = int(min(limit, max(2, math.ceil(2 * (z / effect) ** 2))))
+    hi = lo
+    while t_power(hi, effect, alpha) < power:
         if hi >= limit:
             return math.inf
-        lo, hi = hi, min(hi * 2, limit)
+        lo, hi = hi + 1, min(limit, hi + 1 + hi // 8)
+    while lo > 2 and t_power(lo - 1, effect, alpha) >= power:  # (the approximation overshot: rare)
+        lo -= 1
+        hi = lo
     while lo < hi:
         mid = (lo + hi) // 2
         if t_power(mid, effect, alpha) >= power:
@@ -142,17 +160,16 @@ def seeds_needed(delta: float, std_a: float, std_b: float, alpha: float = ALPHA,
 
 
 def versus(a: dict[int, float], b: dict[int, float]) -> dict[str, float]:
-    """How sure the difference of arm ``a`` from arm ``b`` (seed -> value) is: Δ of means, Welch t/p, the
-    paired test over shared seeds, the seeds per arm to resolve it, and whether it is resolved (p < 0.05
-    with >= 2 seeds on both sides). The one place the report and ``compare`` get their evidence."""
+    """The difference of arm ``a`` from arm ``b`` (seed -> value), one test at a time: Δ of means, Welch t/p,
+    the paired test over shared seeds and the seeds per arm to resolve it at α. ``compare`` and the
+    Multi-Seed tables show these; a document's decisions (family-wise, sequential) are :mod:`reports.evidence`'s."""
     x, y = np.array(list(a.values()), dtype=float), np.array(list(b.values()), dtype=float)
     delta = float(np.mean(x) - np.mean(y)) if len(x) and len(y) else math.nan
     t, p = welch(x, y)
     pairs, pdelta, pt, pp = paired(a, b)
     need = seeds_needed(delta, mean_ci(x)[1], mean_ci(y)[1])
     return {"delta": delta, "t": t, "p": p, "n": len(x), "n_base": len(y), "pairs": pairs, "paired_delta": pdelta,
-            "paired_t": pt, "paired_p": pp, "seeds_needed": need,
-            "resolved": len(x) >= 2 and len(y) >= 2 and p == p and p < 0.05}
+            "paired_t": pt, "paired_p": pp, "seeds_needed": need}
 
 
 MAX_STARS = 5

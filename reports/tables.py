@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from reports.stats import ReportError, eval_at, mean_ci, stars, versus
+from reports.stats import ReportError, eval_at, mean_ci, versus
 
 
 def _fmt_seeds(seeds: list[int]) -> str:
@@ -133,60 +133,3 @@ def family(table: pd.DataFrame, baseline: str, label: str = "Shallow") -> pd.Dat
         f"Δ vs {label} Baseline": ["—" if v == baseline else f"{e - base['eval']:+.3f}"
                                    for v, e in zip(t["variant"], t["eval"], strict=True)],
     }).reset_index(drop=True)
-
-
-VERDICT_RULE = ("Verdict: an improvement counts only when it is resolved: Welch's t-test against the baseline "
-                "gives p < 0.05 with at least 2 seeds on both sides. Of the resolved improvements the largest "
-                "is *Best quality* and the largest per unit of cost (speed cost % + memory cost %, at least 1) "
-                "is *Best quality/cost ratio* (one variant may earn both); the rest are *Solid* at ≥ 0.020, "
-                "else *Modest*. An unresolved one says how many seeds per arm an exact two-sample t-test "
-                "(α 0.05, power 0.8) needs to resolve it. Δ ≥ 0 is *Not worth it*. Runs that ended early "
-                "are left out.")
-
-
-def _unresolved(ev: dict[str, float]) -> str:
-    if ev["n"] < 2 and ev["n_base"] < 2:
-        return "Unresolved: one seed per arm cannot be tested; run ≥ 2 seeds of each"
-    need = ev["seeds_needed"]
-    what = f"p = {ev['p']:.2f}" if ev["p"] == ev["p"] else f"{ev['n']} vs {ev['n_base']} seeds"
-    if need != need:
-        return f"Unresolved ({what}): run ≥ 2 seeds of each"
-    count = "more than 100,000" if math.isinf(need) else f"~{need:.0f}"
-    return f"Unresolved ({what}): {count} seeds per arm to resolve"
-
-
-def cost_benefit(table: pd.DataFrame, baseline: str) -> pd.DataFrame:
-    """Quality Δ (stars), speed and memory cost vs baseline (%), and a verdict per variant (VERDICT_RULE)."""
-    cols = ["Variant", "Quality (eval Δ)", "Speed Cost", "Memory Cost", "Verdict"]
-    base = baseline_row(table, baseline)
-    t = table[(table["variant"] != baseline) & (table["mark"] == "")].copy()
-    if t.empty:
-        return pd.DataFrame(columns=cols)
-    ev = {i: evidence(r, base) for i, r in t.iterrows()}
-    t["delta"] = [ev[i]["delta"] for i in t.index]
-    t["speed"] = (t["tokens_per_s"] / base["tokens_per_s"] - 1) * 100
-    t["memory"] = (t["peak_memory_bytes"] / base["peak_memory_bytes"] - 1) * 100
-    cost = (t["speed"].clip(upper=0).abs() + t["memory"].clip(lower=0)).clip(lower=1).fillna(1)
-    t["ratio"] = -t["delta"] / cost
-    good = t[(t["delta"] < 0) & pd.Series([bool(ev[i]["resolved"]) for i in t.index], index=t.index)]
-    best_q = good["delta"].idxmin() if len(good) else None
-    best_r = good["ratio"].idxmax() if len(good) else None
-
-    def verdict(i: int, row: pd.Series) -> str:
-        if row["delta"] >= 0:
-            return "Not worth it"
-        if i not in good.index:
-            return _unresolved(ev[i])
-        earned = [name for name, who in (("Best quality", best_q), ("Best quality/cost ratio", best_r)) if i == who]
-        if earned:
-            return "; ".join(earned)
-        return "Solid" if -row["delta"] >= 0.02 else "Modest"
-
-    t = t.sort_values("delta")
-    return pd.DataFrame({
-        "Variant": t["variant"],
-        "Quality (eval Δ)": [f"{stars(d)} ({d:+.3f})" for d in t["delta"]],
-        "Speed Cost": [num(s, "+.0f") + ("%" if math.isfinite(s) else "") for s in t["speed"]],
-        "Memory Cost": [num(m, "+.0f") + ("%" if math.isfinite(m) else "") for m in t["memory"]],
-        "Verdict": [verdict(i, r) for i, r in t.iterrows()],
-    }, columns=cols).reset_index(drop=True)

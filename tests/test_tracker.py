@@ -158,7 +158,9 @@ def test_upgrade_to_clustered_metrics_keeps_every_row(workdir):
     with sqlite3.connect(db) as conn:
         table = conn.execute("select sql from sqlite_master where name = 'metrics'").fetchone()[0]
         assert conn.execute("select count(*) from mirror_marks").fetchone() == (0,)  # 0006: mirrors, --on-end
-        assert {"mirrors_json", "on_end_json"} <= {r[1] for r in conn.execute("pragma table_info(runs)")}
+        assert {"mirrors_json", "on_end_json", "launch_id"} <= {r[1] for r in conn.execute("pragma table_info(runs)")}
+        assert conn.execute("select count(*) from launches").fetchone() == (0,)  # 0007: stages, pre-registration
+        assert conn.execute("select launch_id from runs").fetchall() == [(None,)]  # one first stage
         got = conn.execute("select key_id, step, value from metrics order by key_id, step").fetchall()
         indexes = {r[0] for r in conn.execute("select name from sqlite_master where type = 'index'")}
     assert "WITHOUT ROWID" in table and "ix_metrics_key_step" not in indexes

@@ -52,10 +52,27 @@ class Run(Base):
     device: Mapped[str | None] = mapped_column(String(128), nullable=True)  # what trained it, e.g. "cpu"
     mirrors_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # trackers it is also sent to (specs)
     on_end_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # command run when it ends (argv)
+    launch_id: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the launch (stage) that created it
 
     # one active (queued or running: attnres.tracking.states.ACTIVE) run per config, whoever launches it
     __table_args__ = (Index("ux_runs_active_config", "config_hash", unique=True,
                             sqlite_where=text(ACTIVE_SQL), postgresql_where=text(ACTIVE_SQL)),)
+
+
+class Launch(Base):
+    """One ``attnres launch``, ``next --launch`` or ``import``: the runs it created are one stage.
+
+    A report tests a comparison once a stage is complete and counts each stage that added seeds to it
+    as one look (sequential testing); ``plan_json`` keeps what ``attnres next`` pre-registered: the
+    comparisons a launch is meant to resolve and the seeds per arm it planned.
+    """
+
+    __tablename__ = "launches"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    origin: Mapped[str] = mapped_column(String(16))  # launch | next | import
+    plan_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # next's pre-registration
 
 
 class MetricKey(Base):

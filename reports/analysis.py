@@ -1,0 +1,66 @@
+"""One scope analysed once: the step each group is compared at, its table, every test, the verdicts, the
+findings and the plan. The document (:mod:`reports.document`) renders it; ``attnres next`` prints and
+launches its plan. Pure: DataFrames in, an :class:`Analysis` out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from reports import comparisons, findings
+from reports import plan as plans
+from reports.evidence import BASELINE, Comparison
+from reports.scope import Choice, Scope, choose
+from reports.stats import ReportError
+from reports.tables import per_variant
+from reports.verdicts import cost_benefit
+
+
+@dataclass
+class Analysis:
+    main: Choice
+    table: pd.DataFrame  # the main group's per-variant rows at main.step
+    deep: Choice | None
+    deep_table: pd.DataFrame | None  # the deep group's rows (baseline included), attrs step/partial
+    tests: list[Comparison]
+    verdicts: pd.DataFrame
+    findings: list[findings.Finding]
+    plan: plans.Plan
+    by_variant: dict[str, Comparison] = field(default_factory=dict)  # each variant's test against the baseline
+
+
+def partial(choice: Choice, budget: int) -> bool:
+    """A comparison made before its runs reached their budget (or at an earlier step asked for)."""
+    return not choice.final and choice.step < budget
+
+
+def analyse(runs: pd.DataFrame, evals: pd.DataFrame, scope: Scope, baseline: str, deep: list[str],
+            step: int | None = None, launch_plans: Mapping[int, dict] | None = None,
+            max_seeds: int = plans.MAX_SEEDS) -> Analysis:
+    """Analyse one scope's runs against ``baseline``; ``deep`` variants form their own group."""
+    deep = [v for v in deep if v != baseline]
+    shallow = [v for v in sorted(set(runs["variant"])) if v not in deep]
+    main_runs = runs[runs["variant"].isin(shallow)]
+    main = choose(main_runs, evals, shallow, baseline, step)
+    if main is None:
+        raise ReportError(f"the baseline '{baseline}' has no eval loss yet in this scope; wait for its first "
+                          "eval, or pass --baseline")
+    table = per_variant(main_runs, evals, main.step, None)
+    group = comparisons.Group(table, main.step, partial(main, scope.budget))
+    deep_choice, deep_table, deep_group = None, None, None
+    deep_runs = runs[runs["variant"].isin([*deep, baseline])]
+    if set(deep) & set(deep_runs["variant"]):
+        deep_choice = choose(deep_runs, evals, deep, baseline)
+        if deep_choice is not None and len(deep_choice.compared) >= 2:
+            deep_table = per_variant(deep_runs, evals, deep_choice.step, deep_choice.compared)
+            deep_table.attrs.update(step=deep_choice.step, partial=partial(deep_choice, scope.budget))
+            deep_group = comparisons.Group(deep_table, deep_choice.step, partial(deep_choice, scope.budget))
+    tests = comparisons.document(runs, evals, baseline, scope.budget, group, deep_group, launch_plans)
+    by_variant = {c.a: c for c in tests if c.kind == BASELINE}
+    verdicts = cost_benefit(table, baseline, by_variant)
+    found = findings.findings(tests, baseline, runs, verdicts, deep_table)
+    plan = plans.make(tests, runs, scope, baseline, max_seeds)
+    return Analysis(main, table, deep_choice, deep_table, tests, verdicts, found, plan, by_variant)

@@ -1,0 +1,251 @@
+"""How sure each comparison a document makes is: pure functions from tables of runs to test results.
+
+Three rules keep a document's "resolved" honest (see :data:`METHOD`):
+
+* **Stages and looks.** The runs of one ``attnres launch`` (or ``next --launch``, or one import) are
+  a stage. A comparison is tested on the seeds of complete stages only: while a stage that adds seeds
+  to either arm is still running, the test waits for it (the earlier stages' result stands). Every
+  stage that added seeds to a testable comparison is one more *look* at its data.
+* **Sequential testing.** Look ``k`` may spend α/2^k, so any number of looks spends at most α in all:
+  adding seeds until p < 0.05 cannot make a comparison resolved. A test's p-value is carried as
+  ``min(1, p * 2^k)`` into the family.
+* **Family-wise control.** Holm–Bonferroni (statsmodels' ``multipletests``) over the family's tests:
+  the *primary* family is every variant against the baseline and the two best variants against each
+  other; the Interpretation's contrasts between two variants are the *secondary* family.
+
+Seeds per arm to resolve come from an exact two-sample t-test power calculation (noncentral t, power
+0.8) at the level the next look of that comparison will face in its family (α/2^k / m, Holm's
+strictest step), with the arms' own spread, or the scope's pooled seed spread when neither arm has two
+seeds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from statsmodels.stats.multitest import multipletests
+
+from attnres.tracking.states import ACTIVE
+from reports.stats import ALPHA, mean_ci, seeds_needed, welch
+
+PRIMARY, SECONDARY = "primary", "secondary"
+BASELINE, TOP_TWO, CONTRAST = "vs baseline", "top two", "contrast"
+RESOLVED, CONTRADICTED, SUGGESTIVE, UNTESTABLE = "resolved", "contradicted", "suggestive", "not yet testable"
+
+METHOD = ("Tests: Welch's t-test on the eval loss of the seeds of complete stages (a stage is the runs of one "
+          "launch; while one is still running, a comparison it adds seeds to waits for it). Each stage that added "
+          "seeds to a testable comparison is one more look, and look k may spend α/2^k, so that any number of looks "
+          "spends at most α = 0.05 in all (a p-value enters as min(1, p·2^k)). Family-wise control: "
+          "Holm–Bonferroni (statsmodels multipletests) over the primary family (each variant against the baseline, "
+          "and the two best against each other) and, separately, over the Interpretation's contrasts. Seeds per arm "
+          "to resolve: an exact two-sample t-test (noncentral t, power 0.8) at the level the comparison's next look "
+          "will face, α/2^k divided by its family's size, with the arms' spread (or the scope's pooled seed spread "
+          "when neither arm has two seeds); ~ because that spread rests on few seeds.")
+
+
+@dataclass
+class Look:
+    n_a: int
+    n_b: int
+    p: float
+
+
+@dataclass
+class Comparison:
+    """One test of a document: arm ``a`` against arm ``b`` at ``step``, and what came of it."""
+
+    a: str
+    b: str
+    kind: str  # BASELINE, TOP_TWO or CONTRAST
+    step: int
+    partial: bool = False
+    traits: list[str] = field(default_factory=list)  # CONTRAST: the traits a adds to b
+    values_a: dict[int, float] = field(default_factory=dict)  # tested: seeds of complete stages
+    values_b: dict[int, float] = field(default_factory=dict)
+    waiting: list[tuple[str, int, int]] = field(default_factory=list)  # (variant, seed, step) of incomplete stages
+    looks: list[Look] = field(default_factory=list)
+    plan: dict | None = None  # the pre-registration of the latest planned stage for this pair
+    plan_done: bool = False  # that stage is complete
+    delta: float = math.nan
+    p: float = math.nan
+    p_seq: float = math.nan
+    p_adj: float = math.nan
+    resolved: bool = False
+    need: float = math.nan  # seeds per arm to resolve
+    pooled: bool = False  # ``need`` rests on the scope's pooled spread
+    family_size: int = 1
+
+    @property
+    def family(self) -> str:
+        return SECONDARY if self.kind == CONTRAST else PRIMARY
+
+    @property
+    def look(self) -> int:
+        return len(self.looks)
+
+    @property
+    def testable(self) -> bool:
+        return math.isfinite(self.p)
+
+    def seeds(self) -> str:
+        return f"{len(self.values_a)} vs {len(self.values_b)}"
+
+
+def stage_of(runs: pd.DataFrame) -> dict[int, int]:
+    """Run id -> its stage (launch id; 0 for runs recorded before launches were)."""
+    stage = runs["launch_id"] if "launch_id" in runs else pd.Series(0, index=runs.index)
+    return dict(zip(runs["id"].astype(int), pd.to_numeric(stage, errors="coerce").fillna(0).astype(int), strict=True))
+
+
+def _arms(row_a: pd.Series, row_b: pd.Series) -> list[tuple[int, int, float, int]]:
+    """(arm 0/1, seed, value, run id) of every seed the two table rows hold."""
+    return [(arm, int(seed), float(value), int(row["run_ids"][seed]))
+            for arm, row in ((0, row_a), (1, row_b)) for seed, value in row["values"].items()]
+
+
+def assess(c: Comparison, row_a: pd.Series, row_b: pd.Series, runs: pd.DataFrame,
+           plans: Mapping[int, dict] | None = None) -> Comparison:
+    """Fill ``c`` from the two arms' table rows (:func:`reports.tables.per_variant`): the looks made by its
+    complete stages and Δ and Welch's p at the latest; the plan that applies; what it waits for.
+
+    While a stage is running, the earlier stages' look stands; without one, the figures shown (and a plan's
+    seed count) are the seeds at the step so far, untested.
+    """
+    stage = stage_of(runs)
+    seeds = _arms(row_a, row_b)
+    held = {run_id for *_, run_id in seeds}
+    arms = runs[runs["variant"].isin([c.a, c.b])]
+    live = arms[arms["status"].isin(ACTIVE) & ~arms["id"].isin(held)]  # not at the step yet
+    waiting_stages = {stage[int(r)] for r in live["id"]}
+    order = sorted({stage[r] for *_, r in seeds} | waiting_stages)
+    complete = []
+    for s in order:  # the longest run of complete stages, oldest first
+        if s in waiting_stages:
+            break
+        complete.append(s)
+    c.waiting = sorted((str(r.variant), int(r.seed), int(r.step)) for r in live.itertuples())
+    tested = [(arm, seed, value, stage[r]) for arm, seed, value, r in seeds if stage[r] in complete]
+    for s in complete:
+        a = [v for arm, _, v, st in tested if arm == 0 and st <= s]
+        b = [v for arm, _, v, st in tested if arm == 1 and st <= s]
+        if any(st == s for *_, st in tested) and len(a) >= 2 and len(b) >= 2:
+            c.looks.append(Look(len(a), len(b), welch(np.array(a), np.array(b))[1]))
+    shown = tested if c.looks else [(arm, seed, value, 0) for arm, seed, value, _ in seeds]
+    c.values_a = {seed: v for arm, seed, v, _ in shown if arm == 0}
+    c.values_b = {seed: v for arm, seed, v, _ in shown if arm == 1}
+    if c.values_a and c.values_b:
+        c.delta = float(np.mean(list(c.values_a.values())) - np.mean(list(c.values_b.values())))
+    if c.looks:
+        c.p = c.looks[-1].p
+        c.p_seq = min(1.0, c.p * 2 ** c.look) if math.isfinite(c.p) else math.nan
+    for s in reversed(order):
+        plan = (plans or {}).get(s)
+        match = [x for x in (plan or {}).get("comparisons", []) if {x["variant"], x["against"]} == {c.a, c.b}]
+        if match:
+            c.plan, c.plan_done = match[0], s in complete
+            break
+    return c
+
+
+def pooled_sd(table: pd.DataFrame) -> float:
+    """The seed spread pooled over every variant with two or more seeds (NaN without any)."""
+    num = den = 0.0
+    for values, mark in zip(table["values"], table["mark"], strict=True):
+        if mark or len(values) < 2:
+            continue
+        x = np.array(list(values.values()), dtype=float)
+        num += float(np.var(x, ddof=1)) * (len(x) - 1)
+        den += len(x) - 1
+    return math.sqrt(num / den) if den else math.nan
+
+
+def control(comparisons: list[Comparison], sigma: float = math.nan, alpha: float = ALPHA) -> list[Comparison]:
+    """Holm over each family's testable comparisons; then every comparison's seeds per arm to resolve."""
+    for family in (PRIMARY, SECONDARY):
+        members = [c for c in comparisons if c.family == family]
+        tested = [c for c in members if math.isfinite(c.p_seq)]
+        if tested:
+            reject, adjusted, _, _ = multipletests([c.p_seq for c in tested], alpha=alpha, method="holm")
+            for c, r, q in zip(tested, reject, adjusted, strict=True):
+                c.resolved, c.p_adj = bool(r), float(q)
+        for c in members:
+            c.family_size = len(members)
+            if not c.resolved:
+                _plan_size(c, sigma, alpha / 2 ** (c.look + 1) / len(members))
+    return comparisons
+
+
+def _plan_size(c: Comparison, sigma: float, level: float) -> None:
+    sd_a = mean_ci(np.array(list(c.values_a.values())))[1]
+    sd_b = mean_ci(np.array(list(c.values_b.values())))[1]
+    if not (math.isfinite(sd_a) or math.isfinite(sd_b)) and math.isfinite(sigma):
+        sd_a = sd_b = sigma
+        c.pooled = True
+    c.need = seeds_needed(c.delta, sd_a, sd_b, alpha=level)
+
+
+def evidence_class(c: Comparison, expects_lower: bool = True) -> str:
+    """RESOLVED (resolved, in the direction the design expects), CONTRADICTED (resolved, the other way),
+    SUGGESTIVE (unresolved: the sentence says which way it points) or UNTESTABLE."""
+    if not c.testable:
+        return UNTESTABLE
+    if not c.resolved:
+        return SUGGESTIVE
+    return RESOLVED if (c.delta < 0) == expects_lower else CONTRADICTED
+
+
+def need_text(c: Comparison) -> str:
+    need = c.need
+    if need != need:
+        return "n/a"
+    return "> 100,000" if math.isinf(need) else f"~{need:.0f}"
+
+
+def evidence_text(c: Comparison) -> str:
+    """The evidence a verdict or finding carries: resolved (Holm-adjusted p), unresolved (~n seeds per arm),
+    or one seed per arm: untested; with the look, the plan and what it waits for."""
+    if c.resolved:
+        text = f"resolved (Holm-adjusted p = {c.p_adj:.3g})"
+    elif c.testable or (max(len(c.values_a), len(c.values_b)) >= 2 and not c.waiting):
+        text = f"unresolved: {need_text(c)} seeds per arm" if c.need == c.need else "unresolved"
+    elif c.waiting and not c.looks:
+        text = "not tested yet"
+    elif c.values_a and c.values_b:
+        text = "one seed per arm: untested" if max(len(c.values_a), len(c.values_b)) < 2 else "untested"
+        if c.need == c.need:
+            text += f" (~{c.need:.0f} seeds per arm at the pooled spread)" if c.pooled else \
+                f" ({need_text(c)} seeds per arm)"
+    else:
+        text = "untested: no eval of both at one step"
+    extra = []
+    if c.look > 1:
+        extra.append(f"look {c.look}")
+    if c.plan is not None:
+        planned = f"planned {c.plan['n'][0]} vs {c.plan['n'][1]}"
+        extra.append(f"{planned}, tested at {c.seeds()}" if c.plan_done else f"{planned}, running")
+    if c.waiting:
+        extra.append("waits for " + ", ".join(f"{v} s{s} (step {st:,})" for v, s, st in c.waiting))
+    return text + (f"; {'; '.join(extra)}" if extra else "")
+
+
+def table(comparisons: list[Comparison]) -> pd.DataFrame:
+    """The document's Evidence table: every comparison, its numbers and its evidence (markdown-ready)."""
+    def num(x: float, spec: str) -> str:
+        return "—" if not math.isfinite(x) else format(x, spec)
+
+    return pd.DataFrame({
+        "Comparison": [f"{c.a} vs {c.b}" for c in comparisons],
+        "Kind": [c.kind + (f": {', '.join(c.traits)}" if c.traits else "") for c in comparisons],
+        "Step": [f"{c.step:,}" + (" (partial)" if c.partial else "") for c in comparisons],
+        "Seeds": [c.seeds() for c in comparisons],
+        "Δ": [num(c.delta, "+.3f") for c in comparisons],
+        "Welch p": [num(c.p, ".3g") for c in comparisons],
+        "Look": [str(c.look) if c.look else "—" for c in comparisons],
+        "Holm-adjusted p": [num(c.p_adj, ".3g") for c in comparisons],
+        "Seeds per arm to resolve": [need_text(c) if not c.resolved else "—" for c in comparisons],
+        "Evidence": [evidence_text(c) for c in comparisons],
+    })

@@ -1,0 +1,271 @@
+"""What's Next, as a plan: the runs that resolve the open comparisons, what is still running, what was
+never run, and a retry that differs for what failed. Pure: the document's comparisons and runs in, a plan
+out; the report prints it and ``attnres next --launch`` launches exactly its runs, recording the seeds
+it planned per comparison (a pre-registration the next report holds the test to).
+
+Seeds are chosen to pair: an arm first takes the seeds other variants of the scope already have (the
+same seed sees the same data order), then fresh ones; the cells of all comparisons are merged, so the
+baseline's seeds serve every comparison that needs them, and grouped into as few launch commands as
+their seed lists allow.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import shlex
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from attnres import grid
+from attnres.config import flatten, get_preset
+from attnres.errors import AttnresError
+from attnres.tracking.states import ACTIVE, DIVERGED, FAILED, FINISHED, RUNNING
+from attnres.variants import VARIANTS, resolve_run
+from reports.evidence import BASELINE, CONTRAST, TOP_TWO, Comparison, evidence_text
+from reports.scope import DEFAULT_DATA, Scope
+
+RESOLVE, RUNNING_ITEM, NEW, RETRY = "resolve", "running", "new", "retry"
+KINDS = (RESOLVE, NEW, RETRY)  # what --launch can start
+PILOT = 3  # seeds per arm when no arm has a spread to plan from
+MAX_SEEDS = 10  # seeds per arm a plan asks for at most (--max-seeds)
+
+
+@dataclass
+class Launch:
+    """One ``attnres launch`` of a plan: these variants x these seeds, with the scope's settings."""
+
+    kind: str
+    variants: list[str]
+    seeds: list[int]
+    overrides: list[str]  # --set items (a swept one: lr=a,b)
+
+    def argv(self, scope: Scope) -> list[str]:
+        argv = ["attnres", "launch", *self.variants, "--seeds", *map(str, self.seeds), "--preset", scope.preset,
+                "--steps", str(scope.budget)]
+        if scope.experiment != scope.preset:
+            argv += ["--experiment", scope.experiment]
+        if scope.data != DEFAULT_DATA:
+            argv += ["--data", scope.data]
+        for item in self.overrides:
+            argv += ["--set", item]
+        return argv
+
+
+@dataclass
+class Item:
+    kind: str
+    lines: list[str] = field(default_factory=list)  # what it is, with its figures
+    launches: list[Launch] = field(default_factory=list)
+    commands: list[list[str]] = field(default_factory=list)  # other commands (resume, report --tuned)
+
+
+@dataclass
+class Plan:
+    scope: Scope
+    items: list[Item]
+    registration: list[dict]  # per planned comparison: variant, against, n per arm, kind
+
+    def launches(self, kinds: tuple[str, ...] = KINDS) -> list[Launch]:
+        return [x for item in self.items if item.kind in kinds for x in item.launches]
+
+    def cells(self, kinds: tuple[str, ...] = KINDS) -> list[tuple[str, int]]:
+        return [(v, s) for x in self.launches(kinds) for v in x.variants for s in x.seeds]
+
+
+_NOT_SET = {"variant", "seed", "preset", "experiment", "data", "revision", "steps"}  # given by the scope instead
+
+
+def overrides(runs: pd.DataFrame, variant: str, reference: str, scope: Scope) -> list[str] | None:
+    """The ``--set`` items that give ``variant`` the settings its runs (or ``reference``'s) were trained with
+    in ``scope``: every config entry that differs from the preset's, bookkeeping included. None when the
+    runs were recorded elsewhere at a preset this attnres does not have, or when the items would not
+    reproduce the runs' config (checked by its hash)."""
+    try:
+        get_preset(scope.preset)
+    except AttnresError:
+        return None
+    src = runs[runs["variant"] == variant]
+    src = src if len(src) else runs[runs["variant"] == reference]
+    if src.empty:
+        return []
+    run = src.iloc[-1]
+    config = json.loads(run["config_json"] or "{}")
+    if "model" not in config:  # imported: recorded elsewhere, at the preset's settings as far as anyone can tell
+        return []
+    have = {k.rsplit(".", 1)[-1]: v for k, v in flatten(config).items()}
+    default = {k.rsplit(".", 1)[-1]: v for k, v in
+               flatten(json.loads(resolve_run(str(run["variant"]), scope.preset, 0).to_json())).items()}
+    items = [f"{k}={grid.normal(v)}" for k, v in sorted(have.items()) if k not in _NOT_SET and default.get(k) != v]
+    try:
+        again = resolve_run(str(run["variant"]), scope.preset, int(run["seed"]), [*items, f"steps={scope.budget}"],
+                            str(config.get("data")), scope.experiment)
+    except AttnresError:
+        return None
+    return items if again.config_hash == run["config_hash"] else None
+
+
+def _usable(runs: pd.DataFrame) -> dict[str, set[int]]:
+    """Per variant, the seeds whose runs finished or are going (they will give a value)."""
+    ok = runs[runs["status"].isin([FINISHED, *ACTIVE])]
+    return {str(v): set(g["seed"].astype(int)) for v, g in ok.groupby("variant")}
+
+
+def _seed_order(runs: pd.DataFrame) -> Iterator[int]:
+    """Seeds the scope's variants share most first, then fresh ones (1, 2, ... not used by any run)."""
+    counts = Counter(int(s) for s in runs.drop_duplicates(["variant", "seed"])["seed"])
+    yield from sorted(counts, key=lambda s: (-counts[s], s))
+    yield from (s for s in itertools.count(1) if s not in counts)
+
+
+def _picks(runs: pd.DataFrame, variant: str, n: int) -> list[int]:
+    """The first ``n`` seeds of the scope's order that ``variant`` has no run of."""
+    tried = set(runs.loc[runs["variant"] == variant, "seed"].astype(int))
+    return list(itertools.islice((s for s in _seed_order(runs) if s not in tried), max(0, n)))
+
+
+def _group(picks: dict[str, list[int]], kind: str, settings: dict[str, list[str] | None]) -> list[Launch]:
+    """As few launch commands as the seed lists allow: variants with the same seeds (and settings) share one."""
+    by: dict[tuple, list[str]] = {}
+    for variant, seeds in picks.items():
+        if seeds and settings.get(variant) is not None:
+            by.setdefault((tuple(seeds), tuple(settings[variant])), []).append(variant)
+    return [Launch(kind, variants, list(seeds), list(sets)) for (seeds, sets), variants in by.items()]
+
+
+def _resolve(tests: list[Comparison], runs: pd.DataFrame, max_seeds: int, settings: dict[str, list[str] | None],
+             ) -> tuple[Item, list[dict]]:
+    item, targets, planned = Item(RESOLVE), {}, []
+    usable = _usable(runs)
+    for c in tests:
+        if c.kind not in (BASELINE, TOP_TWO) or c.resolved:
+            continue
+        delta = f"Δ {c.delta:+.3f}, " if math.isfinite(c.delta) else ""
+        head = f"{c.a} vs {c.b} ({c.kind}, {delta}{c.seeds()} seeds): {evidence_text(c)}"
+        if c.waiting:
+            item.lines.append(f"{head}. Tested when the runs it waits for finish.")
+            continue
+        n = PILOT if c.need != c.need else c.need
+        if math.isinf(n) or n > max_seeds:
+            item.lines.append(f"{head}. Not planned: more than {max_seeds} seeds per arm (--max-seeds).")
+            continue
+        n = int(n)
+        for v in (c.a, c.b):
+            targets[v] = max(targets.get(v, 0), n, len(usable.get(v, ())))
+        why = "a pilot of 3 seeds per arm, to estimate the spread" if c.need != c.need else f"{n} seeds per arm"
+        item.lines.append(f"{head}. Planned: {why}.")
+        planned.append({"variant": c.a, "against": c.b, "kind": RESOLVE})
+    picks = {v: _picks(runs, v, t - len(usable.get(v, ()))) for v, t in targets.items()}
+    for p in planned:
+        p["n"] = [len(usable.get(p[k], ())) + len(picks.get(p[k], [])) for k in ("variant", "against")]
+    item.launches = _group(picks, RESOLVE, settings)
+    if any(settings.get(v) is None for v, seeds in picks.items() if seeds):
+        item.lines.append("Not launchable from here: the runs were recorded elsewhere at a preset this attnres "
+                          "does not have; add the seeds where they were trained.")
+    return item, [p for p in planned if any(picks.get(p[k]) for k in ("variant", "against"))]
+
+
+def _eta(run: pd.Series) -> str:
+    if run["status"] != RUNNING:
+        return str(run["status"])
+    started, beat = run.get("started_at"), run.get("heartbeat_at")
+    if pd.isna(started) or pd.isna(beat) or not run["step"]:
+        return "ETA unknown (no timing recorded)"
+    pace = (beat - started).total_seconds() / run["step"]
+    left = pace * (run["total_steps"] - run["step"])
+    hours, minutes = divmod(int(left // 60), 60)
+    return f"ETA ~{hours} h {minutes:02d} min" if hours else f"ETA ~{max(1, minutes)} min"
+
+
+def _running(runs: pd.DataFrame) -> Item:
+    item = Item(RUNNING_ITEM)
+    for _, r in runs[runs["status"].isin(ACTIVE)].sort_values(["variant", "seed"]).iterrows():
+        item.lines.append(f"{r['variant']} s{r['seed']}: step {int(r['step']):,} of {int(r['total_steps']):,}, "
+                          f"{_eta(r)}")
+    return item
+
+
+def _new(runs: pd.DataFrame, scope: Scope, baseline: str, settings: dict[str, list[str] | None]
+         ) -> tuple[Item, list[dict]]:
+    item = Item(NEW)
+    present = set(runs["variant"])
+    have = _usable(runs).get(baseline, set())
+    seeds = [s for s in itertools.islice(_seed_order(runs), len(set(runs["seed"]))) if s in have] or [42]
+    fresh, refused = [], []
+    for v in VARIANTS:
+        if v in present:
+            continue
+        try:
+            resolve_run(v, scope.preset, seeds[0], settings.get(baseline) or [], experiment=scope.experiment)
+        except AttnresError:
+            refused.append(v)
+            continue
+        fresh.append(v)
+    if fresh:
+        item.lines.append(f"Never run in this scope: {', '.join(fresh)}; planned with {baseline}'s seeds "
+                          f"({', '.join(map(str, seeds))}), so they pair.")
+        if settings.get(baseline) is not None:
+            item.launches = [Launch(NEW, fresh, seeds, list(settings[baseline]))]
+    if refused:
+        item.lines.append(f"Not buildable at preset {scope.preset}: {', '.join(refused)} (`attnres variants`).")
+    return item, [{"variant": v, "against": baseline, "n": [len(seeds), len(seeds)], "kind": NEW} for v in fresh]
+
+
+def _retry(runs: pd.DataFrame, scope: Scope, baseline: str, settings: dict[str, list[str] | None]) -> Item:
+    item = Item(RETRY)
+    usable = _usable(runs)
+    for variant, grp in runs[runs["status"].isin([FAILED, DIVERGED])].groupby("variant", sort=True):
+        for r in grp.itertuples():
+            at = int(r.stop_step) if pd.notna(r.stop_step) else int(r.step)
+            cause = str(r.message).strip().splitlines()[0][:120] if isinstance(r.message, str) and r.message.strip() \
+                else "no cause recorded"
+            item.lines.append(f"{variant} s{r.seed} {r.status} at step {at:,} ({cause}).")
+            if r.status == FAILED and r.backend == "local" and variant in usable:
+                item.commands.append(["attnres", "resume", str(r.id)])
+        if variant in usable or settings.get(variant) is None:
+            continue
+        lr = _lr(grp, scope.preset)
+        values = ",".join(grid.normal(lr / k) for k in (2, 4))
+        base = [o for o in settings[variant] if not o.startswith("lr=")]
+        item.lines.append(f"{variant} has no run that finished: retry at a smaller learning rate ({values} instead "
+                          f"of {grid.normal(lr)}), as a sweep with {baseline}, so each is compared at its best.")
+        item.launches.append(Launch(RETRY, [variant, baseline], sorted(set(grp["seed"].astype(int))),
+                                    [*base, f"lr={values}"]))
+        item.commands.append(["attnres", "report", *shlex.split(scope.flags()), "--tuned", "lr"])
+    return item
+
+
+def _lr(runs: pd.DataFrame, preset: str) -> float:
+    lr = grid.settings(runs["config_json"].iloc[-1]).get("lr")
+    return float(lr) if lr is not None else float(get_preset(preset).train.lr)
+
+
+def make(tests: list[Comparison], runs: pd.DataFrame, scope: Scope, baseline: str,
+         max_seeds: int = MAX_SEEDS) -> Plan:
+    """The plan for one scope, from its tested comparisons and its runs."""
+    settings = {v: overrides(runs, v, baseline, scope) for v in [*VARIANTS, *set(runs["variant"])]}
+    resolve, planned = _resolve([c for c in tests if c.kind != CONTRAST], runs, max_seeds, settings)
+    new, fresh = _new(runs, scope, baseline, settings)
+    items = [resolve, _running(runs), new, _retry(runs, scope, baseline, settings)]
+    return Plan(scope, [i for i in items if i.lines or i.launches], planned + fresh)
+
+
+TITLES = {RESOLVE: "Resolve the open comparisons", RUNNING_ITEM: "Runs in progress", NEW: "Variants never run here",
+          RETRY: "Failed or diverged runs"}
+
+
+def markdown(plan: Plan) -> str:
+    parts = ["## What's Next\n",
+             "Generated from the statistics above. `attnres next` prints this plan; `attnres next --launch` "
+             "launches its runs as one stage and records the seeds it planned per comparison, which the report "
+             "then tests as planned (a look of its own: see Statistical Evidence).\n"]
+    for i, item in enumerate(plan.items, 1):
+        parts.append(f"{i}. **{TITLES[item.kind]}**")
+        parts += [f"   - {line}" for line in item.lines]
+        parts += [f"   - `{shlex.join(x.argv(plan.scope))}`" for x in item.launches]
+        parts += [f"   - `{shlex.join(c)}`" for c in item.commands]
+    return "\n".join(parts) + "\n"

@@ -24,8 +24,12 @@ from attnres.variants import check_revision
 _REOPENED = {"ended_at": None, "exit_code": None, "message": None, "stop_step": None, "agent_pid": None}
 
 
-def _reopen(engine: Engine, run_id: int, **fields: object) -> states.Outcome:
+def _reopen(engine: Engine, run_id: int, stage: Stage, **fields: object) -> states.Outcome:
     """Queue an ended run again, its last attempt's spool recorded first, as that attempt's.
+
+    A run that had ended (failed, killed) joins ``stage``: its seed arrives after its old stage was
+    complete, and so after a look that may have been taken without it (a report tests each stage once).
+    A preempted run keeps its stage, which waited for it.
 
     Recorded after the reopening (by the queue that saw the last attempt end, or by the next
     trainer as it starts), that spool's lines would land on the next attempt: its pid and start
@@ -33,7 +37,10 @@ def _reopen(engine: Engine, run_id: int, **fields: object) -> states.Outcome:
     spool cannot be read by anyone else until the run is queued with the last attempt's process
     forgotten (``agent_pid``), which the queue checks before it records anything.
     """
-    path = store.spool_path(store.get_run(engine, run_id))
+    run = store.get_run(engine, run_id)
+    if run.status != states.PREEMPTED:
+        fields["launch_id"] = stage(engine)
+    path = store.spool_path(run)
     with spool.held(path):
         _record_spool(engine, run_id, path)
         return states.transition(engine, run_id, states.QUEUED, states.LAUNCHER, **_REOPENED, job_id=None,
@@ -83,7 +90,7 @@ def enqueue(engine: Engine, cells: Sequence[PlannedRun], req: LaunchRequest, sta
                                                git_commit=git_commit(), backend=req.backend, rule_json=rule,
                                                launch_id=stage(engine), **outside)
                 store.update_run(engine, cell.run_id, log_path=str(paths.run_log(cell.run_id)))
-            elif not _reopen(engine, cell.run_id, log_path=str(paths.run_log(cell.run_id)), backend=req.backend,
+            elif not _reopen(engine, cell.run_id, stage, log_path=str(paths.run_log(cell.run_id)), backend=req.backend,
                              rule_json=rule, **outside):
                 cell.skip = f"run {cell.run_id} changed meanwhile (now {store.status_of(engine, cell.run_id)})"
                 continue
@@ -161,9 +168,10 @@ def reopen(engine: Engine, run_ids: Sequence[int], restart: bool = False) -> int
         path = store.spool_path(r)
         with spool.held(path):
             _record_spool(engine, r.id, path)
+    stage = Stage(launches.RESUME)
     for r in runs:
         try:
-            reopened = _reopen(engine, r.id)
+            reopened = _reopen(engine, r.id, stage)
         except states.ActiveTwin:
             raise AttnresError(f"run {r.id}'s config is already queued or running as another run") from None
         if not reopened:

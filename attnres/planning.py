@@ -9,6 +9,7 @@ of the same config from its checkpoint.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -161,6 +162,38 @@ def check_data(name: str, vocab_size: int | None = None) -> None:
     if vocab_size is not None and manifest["vocab_size"] > vocab_size:
         raise AttnresError(f"data '{name}' has {manifest['vocab_size']} token ids but the model's vocab_size is "
                            f"{vocab_size}: --set vocab_size={manifest['vocab_size']} or more")
+
+
+#: config entries a command gives by its own flags (or that name the run), not by --set
+_BY_FLAG = {"variant", "seed", "preset", "experiment", "data", "revision", "steps"}
+
+
+def reproduce(config_json: str, config_hash: str, preset: str, seed: int, budget: int, experiment: str
+              ) -> list[str] | None:
+    """The ``--set`` items with which ``attnres launch --preset P --steps B`` trains a run of this config again
+    (any seed): every entry that differs from the preset's, bookkeeping included (log_every, compile, ... are
+    in the config hash, which ``grid.settings`` leaves out). None when the config was recorded elsewhere (an
+    import: its settings are not known), its preset is not in this attnres, or the items would not give back
+    its config hash."""
+    from attnres.config import flatten, get_preset
+
+    config = json.loads(config_json or "{}")
+    if "model" not in config:
+        return None
+    try:
+        get_preset(preset)
+        default = resolve_run(str(config["variant"]), preset, 0)
+    except AttnresError:
+        return None
+    leaf = {k.rsplit(".", 1)[-1]: v for k, v in flatten(config).items()}
+    base = {k.rsplit(".", 1)[-1]: v for k, v in flatten(json.loads(default.to_json())).items()}
+    items = [f"{k}={grid.normal(v)}" for k, v in sorted(leaf.items()) if k not in _BY_FLAG and base.get(k) != v]
+    try:
+        again = resolve_run(str(config["variant"]), preset, seed, [*items, f"steps={budget}"],
+                            str(config.get("data")), experiment)
+    except AttnresError:
+        return None
+    return items if again.config_hash == config_hash else None
 
 
 @cache

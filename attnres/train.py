@@ -19,7 +19,7 @@ import sys
 from attnres import paths
 from attnres.config import RunConfig
 from attnres.logline import exit_now
-from attnres.tracking import store
+from attnres.tracking import launches, store
 from attnres.tracking.db import get_engine
 from attnres.training import distributed
 from attnres.training.loop import NullRecorder, train
@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         run_id = args.run_id
     else:
         cfg = resolve_run(args.variant, args.preset, args.seed, args.overrides, args.data)
-        run_id = store.create_run(engine, cfg, log_path=None) if d.is_rank0 else -1
+        run_id = store.create_run(engine, cfg, log_path=None, launch_id=launches.create(engine, launches.DIRECT)) \
+            if d.is_rank0 else -1
         if d.world > 1:
             import torch.distributed as dist
 

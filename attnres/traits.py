@@ -18,10 +18,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from attnres.config import ResidualSpec
-from attnres.variants import VARIANTS, Variant
+from attnres.variants import BLOCK, VARIANTS, Variant
 
 HELPS, COSTS_LITTLE = "helps", "costs little"
-_PLAIN = ResidualSpec(kind="depth", block_size=3, reduce="mean", partial=True)  # control_block's choices
+_PLAIN = BLOCK  # the plain choices: the registry's block spec, which control_block is
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,11 @@ def traits_of(name: str) -> dict[str, str]:
     """A registry variant's traits that are not the plain choice: trait name -> what it has."""
     v = VARIANTS[name]
     return {t.name: value for t in TRAITS if (value := t.of(v)) is not None}
+
+
+def deep_variants() -> list[str]:
+    """The variants reshaped to more layers at matched parameters: compared with the (wide) baseline apart."""
+    return [n for n in VARIANTS if "deep" in traits_of(n)]
 
 
 def mechanisms(name: str) -> int:

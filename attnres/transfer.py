@@ -132,6 +132,16 @@ def _given(grp: pd.DataFrame, col: str) -> object:
     return values.iloc[0] if len(values) else None
 
 
+def _stage_order(value: object) -> tuple[int, float, str]:
+    """Launch values in their order: none first, numbers by value (``9`` before ``10``), then text."""
+    if value is None:
+        return (0, 0.0, "")
+    try:
+        return (1, float(str(value)), "")
+    except ValueError:
+        return (2, 0.0, str(value))
+
+
 def _budgets(df: pd.DataFrame) -> dict[str, int]:
     """Per preset, the largest last step of the file's finished runs: an unfinished run's likely budget."""
     done = df[df["status"] == states.FINISHED]
@@ -144,19 +154,21 @@ def import_file(engine: Engine, path: Path, df: pd.DataFrame | None = None) -> d
     df = read_import(path) if df is None else df
     budgets = _budgets(df)
     created = 0
-    stages: dict[object, int] = {}  # the file's stages (its launch column), else the file is one stage
-    for (label, variant, seed), grp in df.groupby(["run", "variant", "seed"], sort=True):
-        ident = hashlib.sha256(f"import:{label}:{variant}:{seed}".encode()).hexdigest()[:12]
-        run_id = store.run_with_hash(engine, ident)
+    groups = [(label, variant, seed, grp, hashlib.sha256(f"import:{label}:{variant}:{seed}".encode()).hexdigest()[:12])
+              for (label, variant, seed), grp in df.groupby(["run", "variant", "seed"], sort=True)]
+    known = {ident: store.run_with_hash(engine, ident) for *_, ident in groups}
+    # the file's stages (its launch column; without one, the file is one stage), recorded in the order of
+    # their launch values, so that a later stage stays later (a look is counted per stage, in order)
+    given = {_given(grp, "launch") for *_, grp, ident in groups if known[ident] is None}
+    stages = {g: launches.create(engine, launches.IMPORT) for g in sorted(given, key=_stage_order)}
+    for label, variant, seed, grp, ident in groups:
+        run_id = known[ident]
         if run_id is None:
             preset = str(_given(grp, "preset") or "imported")
             status, last = str(grp["status"].iloc[-1]), int(grp["step"].max())
             budget = _given(grp, "total_steps")
             budget = int(budget) if budget is not None else last if status == states.FINISHED else \
                 max(last, budgets.get(preset, last))
-            given = _given(grp, "launch")
-            if given not in stages:
-                stages[given] = launches.create(engine, launches.IMPORT)
             run_id = states.create(
                 engine, states.IMPORTER, status, variant=variant, seed=int(seed), preset=preset,
                 experiment=str(_given(grp, "experiment") or preset), device=_given(grp, "device"),
@@ -165,7 +177,7 @@ def import_file(engine: Engine, path: Path, df: pd.DataFrame | None = None) -> d
                 total_steps=budget, step=last, created_at=store.now(), backend=IMPORTED,
                 ended_at=None if status in states.ACTIVE else store.now(), world_size=1,
                 stop_step=last if status not in (*states.ACTIVE, states.FINISHED) else None,
-                launch_id=stages[given])
+                launch_id=stages[_given(grp, "launch")])
             created += 1
         store.log_metrics(engine, run_id, list(zip(grp["step"], grp["key"], grp["value"], strict=True)))
         store.summarize(engine, run_id)

@@ -24,7 +24,7 @@ from attnres.errors import AttnresError, unknown
 
 # Block AttnRes as the results document runs it: blocks of 3 layers, mean summaries, the current
 # block's partial state, a learned zero-initialised query per layer, keys RMSNorm(source) * gain.
-_BLOCK = ResidualSpec(kind="depth", block_size=3, reduce="mean", partial=True)
+BLOCK = ResidualSpec(kind="depth", block_size=3, reduce="mean", partial=True)
 DEEP_WIDTH_RATIO = 1080 / 1536  # the document's 48L d1080 vs 24L d1536
 _DEPTH_REVISION = 2  # see the module docstring
 
@@ -73,33 +73,33 @@ VARIANTS: dict[str, Variant] = {
             f"Each layer attends over the embedding and every prior layer output individually, one query "
             f"per layer (and one for the readout before the final norm); {_KEYS} per layer; {_STEP0}. "
             "O(L^2) in depth.",
-            replace(_BLOCK, block_size=1, partial=False), revision=_DEPTH_REVISION,
+            replace(BLOCK, block_size=1, partial=False), revision=_DEPTH_REVISION,
         ),
         Variant(
             "control_block",
             "Blocks of 3 layers; each layer attends over the embedding, completed block summaries "
             "(mean of the block's 3 layer outputs) and the current block's partial state (mean of its "
             f"outputs so far). One query per layer and one for the readout; {_KEYS} per layer; {_STEP0}.",
-            _BLOCK, revision=_DEPTH_REVISION,
+            BLOCK, revision=_DEPTH_REVISION,
         ),
         Variant(
             "block_input_dep_query",
             "control_block plus an input-dependent query: q = w_l + B_l A_l RMSNorm(h), rank 16, "
             "where h is the layer's standard-residual input (previous input + previous output); "
             "B_l zero-init, A_l ~ N(0, 1/d).",
-            replace(_BLOCK, query_rank=16), revision=_DEPTH_REVISION,
+            replace(BLOCK, query_rank=16), revision=_DEPTH_REVISION,
         ),
         Variant(
             "block_hybrid_memory",
             "control_block sources plus a sliding window of the 4 most recent raw layer outputs "
             "(newest first; they may overlap the partial state).",
-            replace(_BLOCK, window=4), revision=_DEPTH_REVISION,
+            replace(BLOCK, window=4), revision=_DEPTH_REVISION,
         ),
         Variant(
             "block_alibi_depth",
             "control_block with an ALiBi bias on depth logits: -slope_l * (block distance), "
             "one learned slope per layer (and one for the readout), zero-init.",
-            replace(_BLOCK, alibi=True), revision=_DEPTH_REVISION,
+            replace(BLOCK, alibi=True), revision=_DEPTH_REVISION,
         ),
         Variant(
             "block_gqa_depth",
@@ -109,7 +109,7 @@ VARIANTS: dict[str, Variant] = {
             "stay per block: the key gain "
             "belongs to the source (one per depth position: embedding, block k), not to the layer, so "
             "nothing per layer scales the query.",
-            replace(_BLOCK, query="group", query_group=4, key_gain="source"), revision=_DEPTH_REVISION,
+            replace(BLOCK, query="group", query_group=4, key_gain="source"), revision=_DEPTH_REVISION,
         ),
         Variant(
             "block_rope_depth",
@@ -117,26 +117,26 @@ VARIANTS: dict[str, Variant] = {
             "queries and keys, every channel pair (2i, 2i+1) rotated at n_pos^(-2i/d) rad per block "
             "(base = the number of depth positions n_pos): from 1 rad per block down to about 1 rad "
             "over the whole depth.",
-            replace(_BLOCK, rope=True), revision=_DEPTH_REVISION,
+            replace(BLOCK, rope=True), revision=_DEPTH_REVISION,
         ),
         Variant(
             "block_sparse_depth",
             "control_block where each layer attends only to the 4 nearest blocks (embedding = "
             "block 0), every 4th older block, and its partial state.",
-            replace(_BLOCK, sparse_near=4, sparse_stride=4), revision=_DEPTH_REVISION,
+            replace(BLOCK, sparse_near=4, sparse_stride=4), revision=_DEPTH_REVISION,
         ),
         Variant(
             "block_value_proj",
             "control_block where completed block summaries pass through a learned d x d value "
             "projection (I + delta, delta zero-init, shared) before being mixed; keys use the raw "
             "summaries.",
-            replace(_BLOCK, value_proj=True), revision=_DEPTH_REVISION,
+            replace(BLOCK, value_proj=True), revision=_DEPTH_REVISION,
         ),
         Variant(
             "block_mqa_depth",
             "Proposed: multi-query depth attention. One query shared by every layer and the readout; "
             "keys per block, RMSNorm(summary) * a learned gain owned by the block's depth position.",
-            replace(_BLOCK, query="shared", key_gain="source"), revision=_DEPTH_REVISION,
+            replace(BLOCK, query="shared", key_gain="source"), revision=_DEPTH_REVISION,
         ),
         Variant(
             "attnres_paper",
@@ -157,13 +157,13 @@ VARIANTS: dict[str, Variant] = {
             "deep_control_block",
             "control_block with twice the layers at 1080/1536 of the width (48L d1080 at paper500m: "
             "16 blocks of 3). Refused on deep48.",
-            _BLOCK, depth_mult=2, width_ratio=DEEP_WIDTH_RATIO, revision=_DEPTH_REVISION,
+            BLOCK, depth_mult=2, width_ratio=DEEP_WIDTH_RATIO, revision=_DEPTH_REVISION,
         ),
         Variant(
             "deep_hybrid_memory",
             "block_hybrid_memory with twice the layers at 1080/1536 of the width (48L d1080 at "
             "paper500m). Refused on deep48.",
-            replace(_BLOCK, window=4), depth_mult=2, width_ratio=DEEP_WIDTH_RATIO, revision=_DEPTH_REVISION,
+            replace(BLOCK, window=4), depth_mult=2, width_ratio=DEEP_WIDTH_RATIO, revision=_DEPTH_REVISION,
         ),
     ]
 }

@@ -6,7 +6,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 from rich import box
@@ -16,10 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from attnres.errors import AttnresError
 from cli.app import BudgetOpt, CellOpt, DataOpt, DbOpt, ExperimentOpt, PresetOpt, TunedOpt, app, console, err
 from cli.bars import RunBars
-
-if TYPE_CHECKING:
-    from attnres.backends import Submitted
-    from attnres.planning import PlannedRun
+from cli.render import show_cell, show_submitted, stopped
 
 
 @app.command()
@@ -103,29 +100,10 @@ def launch(
         _, done = orchestrator.launch(engine, url, req, cells, detach=detach, on_queued=bars.watch)
     except QueueStopped as stop:
         bars.close()
-        _stopped(stop)
+        stopped(stop)
     finally:
         bars.close()
-    _show_submitted(engine, done)
-
-
-def show_cell(c: PlannedRun) -> None:
-    """One planned cell: variant, swept values, seed, and whether it runs, resumes or is skipped (and why)."""
-    from rich.text import Text
-
-    cell = "".join(f" {k}={v}" for k, v in c.cell.items())
-    line = Text(f"{c.cfg.variant}{cell} seed={c.cfg.seed} preset={c.cfg.preset} steps={c.cfg.train.steps} ")
-    if c.skip:
-        line.append("skip", "yellow").append(f": {c.skip}")
-    else:
-        line.append(f"resume run {c.run_id}" if c.run_id else "run", "cyan" if c.run_id else "green")
-    console.print(line)
-
-
-def _stopped(stop: Exception) -> None:
-    """Ctrl-C: the one line that says what stopped and how to continue; exit 130."""
-    err.print(str(stop), markup=False, highlight=False, soft_wrap=True)
-    raise typer.Exit(130)
+    show_submitted(engine, done)
 
 
 def key_values(items: list[str], option: str) -> dict[str, str]:
@@ -137,22 +115,6 @@ def key_values(items: list[str], option: str) -> dict[str, str]:
             raise AttnresError(f"bad {option} '{item}': expected KEY=VALUE")
         out[key] = value
     return out
-
-
-def _show_submitted(engine: object, done: Submitted) -> None:
-    """Print what a submission did; exit 1 when a run it waited for did not finish."""
-    from attnres import paths
-    from attnres.tracking import states, store
-
-    for line in done.lines:
-        console.print(line)
-    results = done.results or {}
-    for run_id, status in results.items():
-        color = "green" if status == states.FINISHED else "red"
-        log = store.get_run(engine, run_id).log_path or paths.run_log(run_id)
-        console.print(f"run {run_id}: [{color}]{status}[/] (log: {log})")
-    if any(s != states.FINISHED for s in results.values()):
-        raise typer.Exit(1)
 
 
 @app.command()
@@ -174,10 +136,10 @@ def resume(
         done = orchestrator.resume(engine, normalize_url(db), run, detach=detach, restart=restart, on_tick=bars.tick)
     except QueueStopped as stop:
         bars.close()
-        _stopped(stop)
+        stopped(stop)
     finally:
         bars.close()
-    _show_submitted(engine, done)
+    show_submitted(engine, done)
 
 
 @app.command()

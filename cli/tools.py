@@ -75,14 +75,12 @@ def bench(
         if kind == "errors":
             from rich.progress import Progress, TextColumn, TimeElapsedColumn
 
-            from reports.bench import family_wise, sequential
+            from reports.bench import bench_errors
 
             with Progress(TextColumn("{task.description}"), TimeElapsedColumn(), console=err, disable=json_out,
                           transient=True) as bar:
                 task = bar.add_task("errors")
-                tick = lambda msg: bar.update(task, description=msg)  # noqa: E731
-                result = {**{f"family_wise_{k}": v for k, v in family_wise(draws, variants, seeds, progress=tick)
-                             .items()}, **{f"sequential_{k}": v for k, v in sequential(draws, progress=tick).items()}}
+                result = bench_errors(draws, variants, seeds, progress=lambda msg: bar.update(task, description=msg))
         elif kind == "data":
             from attnres.bench.data import bench_data
 

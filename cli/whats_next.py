@@ -8,19 +8,20 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from attnres.errors import AttnresError
 from cli.app import BudgetOpt, CellOpt, DataOpt, DbOpt, ExperimentOpt, PresetOpt, app, console
 from cli.bars import RunBars
+from cli.render import show_cell, show_submitted, stopped
 
 
 @app.command("next")
 def next_cmd(
     launch: Annotated[bool, typer.Option("--launch", help="launch the plan's runs (one stage; the planned seeds per "
                                          "comparison are recorded, and the report tests them as planned)")] = False,
-    only: Annotated[list[str] | None, typer.Option("--only", help="with --launch, only these parts: resolve, new, "
-                                                   "retry (repeatable; default all three)")] = None,
-    max_seeds: Annotated[int, typer.Option("--max-seeds", min=2, max=1000, help="seeds per arm a plan asks for at "
-                                           "most")] = 10,
+    only: Annotated[list[str] | None, typer.Option("--only", help="only these parts: resolve, new, retry "
+                                                   "(repeatable; default all three; without new, seed counts need "
+                                                   "not allow for the never-run variants)")] = None,
+    max_seeds: Annotated[int | None, typer.Option("--max-seeds", min=2, max=1000, help="seeds per arm a plan asks "
+                                                  "for at most (default 10)")] = None,
     baseline: Annotated[str, typer.Option(help="variant every Δ is measured against")] = "standard",
     detach: Annotated[bool, typer.Option(help="with --launch: return at once; the queue runs in the background")
                       ] = False,
@@ -38,47 +39,40 @@ def next_cmd(
     from attnres.grid import parse_pick
     from attnres.tracking.db import get_engine, normalize_url
     from attnres.variants import canonical
-    from cli.main import _show_submitted, _stopped, show_cell
+    from reports import plan as plans
     from reports.build import next_plan
-    from reports.plan import KINDS, TITLES
 
-    kinds = tuple(only or KINDS)
-    bad = [k for k in kinds if k not in KINDS]
-    if bad:
-        raise AttnresError(f"--only {bad[0]}: choose from {', '.join(KINDS)}")
+    kinds = plans.kinds(only)
     engine = get_engine(db, create=False)
-    plan = next_plan(engine, canonical(baseline), experiment, preset, budget, data, parse_pick(set_ or []), max_seeds)
+    plan = next_plan(engine, canonical(baseline), experiment, preset, budget, data, parse_pick(set_ or []),
+                     max_seeds or plans.MAX_SEEDS, kinds)
     console.print(Text(f"What's next for {plan.scope.label()}:", style="bold"))
     for i, item in enumerate(plan.items, 1):
-        console.print(Text(f"{i}. {TITLES[item.kind]}", style="bold"))
+        console.print(Text(f"{i}. {plans.TITLES[item.kind]}", style="bold"))
         for line in item.lines:
             console.print(Text(f"   - {line}"), soft_wrap=True)
-        for cmd in [shlex.join(x.argv(plan.scope)) for x in item.launches] + [shlex.join(c) for c in item.commands]:
-            console.print(Text(f"     {cmd}", style="cyan"), soft_wrap=True)
-    todo = plan.launches(kinds)
+        for cmd in plan.commands(item):
+            console.print(Text(f"     {shlex.join(cmd)}", style="cyan"), soft_wrap=True)
+    cells = plan.cells(kinds)
     if not launch:
-        if todo:
-            console.print(f"`attnres next --launch` starts these {len(plan.cells(kinds))} run(s).")
+        if cells and not plan.imported:
+            console.print(f"`attnres next --launch` starts these {len(cells)} run(s).")
         return
-    if not todo:
+    requests = plan.requests(kinds)
+    if not requests:
         console.print("nothing to launch: every comparison is resolved, planned, waiting or beyond --max-seeds")
         return
-    batches = []
-    for x in todo:
-        req = planning.request(x.variants, x.seeds, plan.scope.preset, plan.scope.budget, x.overrides,
-                               plan.scope.data, experiment=plan.scope.experiment)
-        batches.append((req, planning.plan(engine, req)))
-    for _, cells in batches:
-        for c in cells:
+    batches = [(req, planning.plan(engine, req)) for req in requests]
+    for _, planned in batches:
+        for c in planned:
             show_cell(c)
-    registration = {"comparisons": [p for p in plan.registration if p["kind"] in kinds]}
     bars = RunBars(engine)
     try:
-        _, done = orchestrator.launch_plan(engine, normalize_url(db), batches, registration, detach=detach,
-                                           on_queued=bars.watch)
+        _, done = orchestrator.launch_plan(engine, normalize_url(db), batches, plan.registration_of(kinds),
+                                           detach=detach, on_queued=bars.watch)
     except QueueStopped as stop:
         bars.close()
-        _stopped(stop)
+        stopped(stop)
     finally:
         bars.close()
-    _show_submitted(engine, done)
+    show_submitted(engine, done)

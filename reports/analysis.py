@@ -39,8 +39,11 @@ def partial(choice: Choice, budget: int) -> bool:
 
 def analyse(runs: pd.DataFrame, evals: pd.DataFrame, scope: Scope, baseline: str, deep: list[str],
             step: int | None = None, launch_plans: Mapping[int, dict] | None = None,
-            max_seeds: int = plans.MAX_SEEDS) -> Analysis:
-    """Analyse one scope's runs against ``baseline``; ``deep`` variants form their own group."""
+            max_seeds: int = plans.MAX_SEEDS, db: list[str] | None = None, kinds: tuple[str, ...] = plans.KINDS
+            ) -> Analysis:
+    """Analyse one scope's runs against ``baseline``; ``deep`` variants form their own group; ``db`` is the
+    --db the plan's commands name; ``kinds`` the parts of the plan to be launched (with its never-run
+    variants, the family its seed counts must allow for is larger)."""
     deep = [v for v in deep if v != baseline]
     shallow = [v for v in sorted(set(runs["variant"])) if v not in deep]
     main_runs = runs[runs["variant"].isin(shallow)]
@@ -58,9 +61,10 @@ def analyse(runs: pd.DataFrame, evals: pd.DataFrame, scope: Scope, baseline: str
             deep_table = per_variant(deep_runs, evals, deep_choice.step, deep_choice.compared)
             deep_table.attrs.update(step=deep_choice.step, partial=partial(deep_choice, scope.budget))
             deep_group = comparisons.Group(deep_table, deep_choice.step, partial(deep_choice, scope.budget))
-    tests = comparisons.document(runs, evals, baseline, scope.budget, group, deep_group, launch_plans)
+    future = len(plans.never_run(runs, scope, baseline)[0]) if plans.NEW in kinds else 0  # joining the family
+    tests = comparisons.document(runs, evals, baseline, scope.budget, group, deep_group, launch_plans, future)
     by_variant = {c.a: c for c in tests if c.kind == BASELINE}
     verdicts = cost_benefit(table, baseline, by_variant)
     found = findings.findings(tests, baseline, runs, verdicts, deep_table)
-    plan = plans.make(tests, runs, scope, baseline, max_seeds)
+    plan = plans.make(tests, runs, scope, baseline, max_seeds, db)
     return Analysis(main, table, deep_choice, deep_table, tests, verdicts, found, plan, by_variant)

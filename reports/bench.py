@@ -29,6 +29,7 @@ import pandas as pd
 from scipy import stats
 from statsmodels.stats.proportion import proportion_confint
 
+from attnres import traits
 from attnres.bench.synthetic import synthetic_db
 from attnres.errors import AttnresError
 from attnres.tracking.db import forget_engines, get_engine
@@ -98,23 +99,37 @@ def _report(folder: Path, files: list[pd.DataFrame]) -> str:
     return write_report(engine, folder / "r.md", plots=False)
 
 
+def _arms() -> tuple[str, list[str]]:
+    """The baseline (no trait at all: standard residuals) and the shallow variants, in registry order."""
+    plain = next(v for v in VARIANTS if not traits.traits_of(v))
+    return plain, [v for v in VARIANTS if v != plain and v not in traits.deep_variants()]
+
+
+def bench_errors(draws: int = 200, variants: int = 9, seeds: int = 3,
+                 progress: Callable[[str], None] | None = None) -> dict[str, float]:
+    """Both designs (:func:`family_wise`, :func:`sequential`), their figures prefixed with the design."""
+    return {**{f"family_wise_{k}": v for k, v in family_wise(draws, variants, seeds, progress=progress).items()},
+            **{f"sequential_{k}": v for k, v in sequential(draws, progress=progress).items()}}
+
+
 def family_wise(draws: int = 200, variants: int = 9, seeds: int = 3, sigma: float = 0.01, seed: int = 0,
                 progress: Callable[[str], None] | None = None) -> dict[str, float]:
     """The rate of draws with at least one variant called resolved, all variants equal to the baseline."""
-    names = [v for v in VARIANTS if v != "standard" and VARIANTS[v].depth_mult == 1][:variants]
+    base, names = _arms()
+    names = names[:variants]
     if len(names) < variants or draws < 1 or seeds < 2:
         raise AttnresError(f"bench errors: at most {len(names)} variants, at least 1 draw and 2 seeds")
     rng = np.random.default_rng(seed)
     hits = any_hits = naive = 0
     for d in range(draws):
-        values = {v: 3.0 + rng.normal(0, sigma, seeds) for v in ["standard", *names]}
+        values = {v: 3.0 + rng.normal(0, sigma, seeds) for v in [base, *names]}
         frame = pd.DataFrame([r for v, x in values.items() for r in _rows(v, list(range(1, seeds + 1)), list(x))])
         with tempfile.TemporaryDirectory() as tmp:
             text = _report(Path(tmp), [frame])
             forget_engines()
         hits += any(" — resolved (" in v for v in verdicts(text).values())
         any_hits += any(r["Evidence"].startswith("resolved") for r in evidence_rows(text))
-        naive += any(stats.ttest_ind(values[v], values["standard"], equal_var=False).pvalue < 0.05 for v in names)
+        naive += any(stats.ttest_ind(values[v], values[base], equal_var=False).pvalue < 0.05 for v in names)
         if progress:
             progress(f"family-wise: draw {d + 1}/{draws}")
     return {"draws": draws, "variants": variants, "seeds": seeds, **_rate("variant_resolved", hits, draws),
@@ -126,6 +141,7 @@ def sequential(draws: int = 200, looks: int = 8, sigma: float = 0.01, seed: int 
     """The rate of draws in which adding one seed per arm per look, up to ``looks`` looks, ever gives a resolved."""
     rng = np.random.default_rng(seed)
     hits = naive = 0
+    plain, names = _arms()
     for d in range(draws):
         base = list(3.0 + rng.normal(0, sigma, looks + 1))
         var = list(3.0 + rng.normal(0, sigma, looks + 1))
@@ -134,8 +150,8 @@ def sequential(draws: int = 200, looks: int = 8, sigma: float = 0.01, seed: int 
             files = []
             for k in range(looks):
                 seeds = [1, 2] if k == 0 else [k + 2]
-                files.append(pd.DataFrame(_rows("standard", seeds, [base[s - 1] for s in seeds])
-                                          + _rows("control_block", seeds, [var[s - 1] for s in seeds])))
+                files.append(pd.DataFrame(_rows(plain, seeds, [base[s - 1] for s in seeds])
+                                          + _rows(names[0], seeds, [var[s - 1] for s in seeds])))
                 text = _report(Path(tmp), files[-1:])
                 if any(" — resolved (" in v for v in verdicts(text).values()):
                     hits += 1

@@ -16,6 +16,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from sqlalchemy import URL, Engine
 
+from attnres import traits
 from attnres.errors import AttnresError
 from attnres.planning import git_commit
 from attnres.tracking import depth_maps, launches
@@ -25,17 +26,12 @@ from attnres.variants import VARIANTS, canonical
 from reports import compare as cmp
 from reports.analysis import analyse
 from reports.document import Inputs, assemble, report_parts
-from reports.plan import MAX_SEEDS, Plan
+from reports.plan import KINDS, MAX_SEEDS, Plan
 from reports.plots import delta_curves, depth_heatmaps, throughput_vs_delta
 from reports.scope import Scope, choose, select
 from reports.stats import ReportError
 from reports.tables import per_variant
 from reports.tuning import tune, tuning_markdown
-
-
-def deep_variants() -> list[str]:
-    """Variants compared against the shallow baseline at their own step: the reshaped (deep) ones."""
-    return [v.name for v in VARIANTS.values() if v.depth_mult > 1]
 
 
 def _writable(path: Path) -> None:
@@ -93,6 +89,14 @@ def _tuned(res: Results, key: str | None) -> pd.DataFrame | None:
     return table
 
 
+def db_args(engine: Engine) -> list[str]:
+    """``["--db", URL]`` for the commands a plan prints, unless ``engine`` is the default database."""
+    from attnres.tracking.db import normalize_url
+
+    same = engine.url.render_as_string(hide_password=False) == normalize_url(None)
+    return [] if same else ["--db", public_url(engine)]
+
+
 def launch_plans(engine: Engine) -> dict[int, dict]:
     """Launch id -> what ``attnres next`` pre-registered for it (its planned comparisons and seeds)."""
     frame = launches.frame(engine)
@@ -117,10 +121,10 @@ def write_report(engine: Engine, out: Path, baseline: str = "standard", step: in
         old = ", ".join(f"{r.variant} s{r.seed} (run {r.id})" for r in res.superseded.itertuples())
         notes.append(f"Not compared: {old}, trained by an earlier revision of the variant "
                      "(`attnres variants` lists what changed); launch them again to include them.")
-    inp = Inputs(res.runs, res.evals, scope, {v.name: v.description for v in VARIANTS.values()}, deep_variants(),
+    inp = Inputs(res.runs, res.evals, scope, {v.name: v.description for v in VARIANTS.values()}, traits.deep_variants(),
                  baseline, step, res.maps, provenance(engine, res.runs), notes=notes, others=others,
                  tuning=tuning_markdown(table, tuned) if table is not None else "", plans=launch_plans(engine),
-                 max_seeds=max_seeds)
+                 max_seeds=max_seeds, db=db_args(engine))
     try:
         before, after = report_parts(inp)  # first the text: bad data fails here, before any file is written
         if plots:
@@ -134,15 +138,16 @@ def write_report(engine: Engine, out: Path, baseline: str = "standard", step: in
 
 def next_plan(engine: Engine, baseline: str = "standard", experiment: str | None = None, preset: str | None = None,
               budget: int | None = None, data: str | None = None, pick: dict[str, str] | None = None,
-              max_seeds: int = MAX_SEEDS) -> Plan:
-    """The What's Next plan of one scope (as its document gives it): what ``attnres next`` prints and launches."""
+              max_seeds: int = MAX_SEEDS, kinds: tuple[str, ...] = KINDS) -> Plan:
+    """The What's Next plan of one scope (as its document gives it, for the parts ``kinds``): what ``attnres
+    next`` prints and launches."""
     runs, scope, _ = _scoped(engine, experiment, preset, budget, baseline, data, pick)
     res = load_results(engine, runs=runs)
     if baseline not in set(res.runs["variant"]):
         raise AttnresError(f"no runs of the baseline '{baseline}' in {scope.label()}; run it or pass --baseline")
     try:
-        return analyse(res.runs, res.evals, scope, baseline, deep_variants(), None, launch_plans(engine),
-                       max_seeds).plan
+        return analyse(res.runs, res.evals, scope, baseline, traits.deep_variants(), None, launch_plans(engine),
+                       max_seeds, db_args(engine), kinds).plan
     except ReportError as exc:
         raise AttnresError(f"cannot plan: {exc}") from None
 

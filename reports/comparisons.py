@@ -51,8 +51,10 @@ def _pair_step(runs: pd.DataFrame, evals: pd.DataFrame, a: str, b: str) -> int |
 
 
 def document(runs: pd.DataFrame, evals: pd.DataFrame, baseline: str, budget: int, main: Group,
-             deep: Group | None = None, plans: Mapping[int, dict] | None = None) -> list[Comparison]:
-    """Every comparison of one document, tested, with family-wise control applied."""
+             deep: Group | None = None, plans: Mapping[int, dict] | None = None, future: int = 0
+             ) -> list[Comparison]:
+    """Every comparison of one document, tested, with family-wise control applied (``future``: primary
+    comparisons the plan will add, which the seeds it plans must already allow for)."""
     out: list[Comparison] = []
     done: set[tuple[str, str]] = set()
     groups = [g for g in (main, deep) if g is not None]
@@ -74,7 +76,7 @@ def document(runs: pd.DataFrame, evals: pd.DataFrame, baseline: str, budget: int
                           rows[ranked[0]], rows[ranked[1]], runs, plans))
         done |= {(ranked[0], ranked[1]), (ranked[1], ranked[0])}
     for a, b, added in traits.contrasts(sorted(set(runs["variant"]))):
-        if (a, b) in done:
+        if (a, b) in done or (b, a) in done:  # (with another baseline, a contrast may be a primary test)
             continue
         done.add((a, b))
         group = next((g for g in groups if {a, b} <= set(_rows(g.table))), None)
@@ -94,4 +96,6 @@ def document(runs: pd.DataFrame, evals: pd.DataFrame, baseline: str, budget: int
                 out.append(Comparison(a, b, CONTRAST, step, partial, traits=added))
                 continue
         out.append(assess(Comparison(a, b, CONTRAST, step, partial, traits=added), rows[a], rows[b], runs, plans))
-    return control(out, pooled_sd(main.table))
+    for c in out:
+        c.interim = c.step != budget
+    return control(out, pooled_sd(main.table), future=future)

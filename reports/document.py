@@ -19,7 +19,7 @@ from reports.analysis import Analysis, analyse
 from reports.evidence import Comparison
 from reports.scope import Choice, Scope
 from reports.stats import MARKS, STARS_RULE, ReportError
-from reports.tables import baseline_row, completed, family, multi_seed
+from reports.tables import baseline_row, cause, completed, ended_step, family, multi_seed
 from reports.verdicts import RULE
 
 
@@ -42,6 +42,7 @@ class Inputs:
     tuning: str = ""  # with --tuned: the section saying which value of the setting each variant is compared at
     plans: Mapping[int, dict] = field(default_factory=dict)  # launch id -> what `attnres next` pre-registered
     max_seeds: int = whats_next.MAX_SEEDS  # seeds per arm What's Next asks for at most
+    db: list[str] = field(default_factory=list)  # ["--db", URL] for What's Next's commands (not the default db)
 
 
 def _md(df: pd.DataFrame) -> str:
@@ -50,12 +51,6 @@ def _md(df: pd.DataFrame) -> str:
 
 def _num(x: float, fmt: str) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
-
-
-def _cause(run: pd.Series) -> str:
-    message = run["message"]
-    text = message.strip().splitlines()[0][:160] if isinstance(message, str) and message.strip() else ""
-    return text or "no cause recorded"
 
 
 def run_summary(runs: pd.DataFrame) -> str:
@@ -130,9 +125,8 @@ def ended_section(runs: pd.DataFrame) -> str:
     rows = pd.DataFrame({
         "Variant": ended["variant"], "Seed": ended["seed"].astype(str),
         "Ended": [MARKS[s] for s in ended["status"]],
-        "At step": [f"{int(r.stop_step if pd.notna(r.stop_step) else r.step):,} of {int(r.total_steps):,}"
-                    for r in ended.itertuples()],
-        "Cause": [_cause(r) for _, r in ended.iterrows()],
+        "At step": [f"{ended_step(r):,} of {int(r['total_steps']):,}" for _, r in ended.iterrows()],
+        "Cause": [cause(r) for _, r in ended.iterrows()],
     })
     return "## Runs That Ended Early\n\n" + _md(rows) + "\n"
 
@@ -219,7 +213,7 @@ def report_parts(inp: Inputs, title: str = "AttnRes: Attention Over the Residual
     if inp.baseline not in set(inp.runs["variant"]):
         raise ReportError(f"no runs of the baseline '{inp.baseline}' in {inp.scope.label()}; run it or pass --baseline")
     deep = [v for v in inp.deep if v != inp.baseline]
-    a = analyse(inp.runs, inp.evals, inp.scope, inp.baseline, deep, inp.step, inp.plans, inp.max_seeds)
+    a = analyse(inp.runs, inp.evals, inp.scope, inp.baseline, deep, inp.step, inp.plans, inp.max_seeds, inp.db)
     parts = [f"# {title}\n", header(inp), variants_section(inp), inp.tuning, main_section(inp, a),
              ended_section(inp.runs)]
     parts.append(multi_seed_section(multi_seed(inp.runs, a.table, inp.baseline, a.main.step), inp.baseline,

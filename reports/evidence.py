@@ -29,22 +29,26 @@ import numpy as np
 import pandas as pd
 from statsmodels.stats.multitest import multipletests
 
-from attnres.tracking.states import ACTIVE
+from attnres.tracking.states import ACTIVE, PREEMPTED
 from reports.stats import ALPHA, mean_ci, seeds_needed, welch
+from reports.tables import num
 
 PRIMARY, SECONDARY = "primary", "secondary"
 BASELINE, TOP_TWO, CONTRAST = "vs baseline", "top two", "contrast"
 RESOLVED, CONTRADICTED, SUGGESTIVE, UNTESTABLE = "resolved", "contradicted", "suggestive", "not yet testable"
 
 METHOD = ("Tests: Welch's t-test on the eval loss of the seeds of complete stages (a stage is the runs of one "
-          "launch; while one is still running, a comparison it adds seeds to waits for it). Each stage that added "
-          "seeds to a testable comparison is one more look, and look k may spend α/2^k, so that any number of looks "
-          "spends at most α = 0.05 in all (a p-value enters as min(1, p·2^k)). Family-wise control: "
-          "Holm–Bonferroni (statsmodels multipletests) over the primary family (each variant against the baseline, "
-          "and the two best against each other) and, separately, over the Interpretation's contrasts. Seeds per arm "
-          "to resolve: an exact two-sample t-test (noncentral t, power 0.8) at the level the comparison's next look "
-          "will face, α/2^k divided by its family's size, with the arms' spread (or the scope's pooled seed spread "
-          "when neither arm has two seeds); ~ because that spread rests on few seeds.")
+          "launch; while one is still running, a comparison it adds seeds to waits for it). A test decides only at "
+          "the runs' last step: one at an earlier step (partial, --step, or a run that ended early) is interim and "
+          "resolves nothing, as each eval step would otherwise be one more look. Each stage that added seeds to a "
+          "testable comparison is one more look, and look k may spend α/2^k, so that any number of looks spends at "
+          "most α = 0.05 in all (a p-value enters as min(1, p·2^k)). Family-wise control: Holm–Bonferroni "
+          "(statsmodels multipletests) over the primary family (each variant against the baseline, and the two best "
+          "against each other) and, separately, over the Interpretation's contrasts. Arms without any spread are "
+          "untested (Welch's p would be 0 for any Δ). Seeds per arm to resolve: an exact two-sample t-test "
+          "(noncentral t, power 0.8) at the level the comparison's next decision will face, α/2^k divided by its "
+          "family's size once the plan's never-run variants join it, with the arms' spread (or the scope's pooled "
+          "seed spread when neither arm has two seeds) and the observed Δ; ~ because both rest on few seeds.")
 
 
 @dataclass
@@ -63,6 +67,7 @@ class Comparison:
     kind: str  # BASELINE, TOP_TWO or CONTRAST
     step: int
     partial: bool = False
+    interim: bool = False  # before the runs' last step (partial, --step, or a run that ended early): no decision
     traits: list[str] = field(default_factory=list)  # CONTRAST: the traits a adds to b
     values_a: dict[int, float] = field(default_factory=dict)  # tested: seeds of complete stages
     values_b: dict[int, float] = field(default_factory=dict)
@@ -77,7 +82,7 @@ class Comparison:
     resolved: bool = False
     need: float = math.nan  # seeds per arm to resolve
     pooled: bool = False  # ``need`` rests on the scope's pooled spread
-    family_size: int = 1
+    flat: bool = False  # neither arm has any spread: a difference of means without a test
 
     @property
     def family(self) -> str:
@@ -119,7 +124,8 @@ def assess(c: Comparison, row_a: pd.Series, row_b: pd.Series, runs: pd.DataFrame
     seeds = _arms(row_a, row_b)
     held = {run_id for *_, run_id in seeds}
     arms = runs[runs["variant"].isin([c.a, c.b])]
-    live = arms[arms["status"].isin(ACTIVE) & ~arms["id"].isin(held)]  # not at the step yet
+    # not at the step yet: going, or interrupted to go on (a preempted run resumes; ended ones are done)
+    live = arms[arms["status"].isin([*ACTIVE, PREEMPTED]) & ~arms["id"].isin(held)]
     waiting_stages = {stage[int(r)] for r in live["id"]}
     order = sorted({stage[r] for *_, r in seeds} | waiting_stages)
     complete = []
@@ -133,7 +139,8 @@ def assess(c: Comparison, row_a: pd.Series, row_b: pd.Series, runs: pd.DataFrame
         a = [v for arm, _, v, st in tested if arm == 0 and st <= s]
         b = [v for arm, _, v, st in tested if arm == 1 and st <= s]
         if any(st == s for *_, st in tested) and len(a) >= 2 and len(b) >= 2:
-            c.looks.append(Look(len(a), len(b), welch(np.array(a), np.array(b))[1]))
+            c.flat = np.ptp(a) == 0 and np.ptp(b) == 0  # (Welch's p would be 0 for any Δ: no test at all)
+            c.looks.append(Look(len(a), len(b), math.nan if c.flat else welch(np.array(a), np.array(b))[1]))
     shown = tested if c.looks else [(arm, seed, value, 0) for arm, seed, value, _ in seeds]
     c.values_a = {seed: v for arm, seed, v, _ in shown if arm == 0}
     c.values_b = {seed: v for arm, seed, v, _ in shown if arm == 1}
@@ -163,19 +170,23 @@ def pooled_sd(table: pd.DataFrame) -> float:
     return math.sqrt(num / den) if den else math.nan
 
 
-def control(comparisons: list[Comparison], sigma: float = math.nan, alpha: float = ALPHA) -> list[Comparison]:
-    """Holm over each family's testable comparisons; then every comparison's seeds per arm to resolve."""
+def control(comparisons: list[Comparison], sigma: float = math.nan, alpha: float = ALPHA,
+            future: int = 0) -> list[Comparison]:
+    """Holm over each family's testable comparisons at the runs' last step (an interim one decides nothing);
+    then every comparison's seeds per arm to resolve, at the level its next look will face in its family,
+    which ``future`` more primary comparisons (the plan's never-run variants) will have joined."""
     for family in (PRIMARY, SECONDARY):
         members = [c for c in comparisons if c.family == family]
-        tested = [c for c in members if math.isfinite(c.p_seq)]
+        size = len(members) + (future if family == PRIMARY else 0)
+        tested = [c for c in members if math.isfinite(c.p_seq) and not c.interim]
         if tested:
             reject, adjusted, _, _ = multipletests([c.p_seq for c in tested], alpha=alpha, method="holm")
             for c, r, q in zip(tested, reject, adjusted, strict=True):
                 c.resolved, c.p_adj = bool(r), float(q)
         for c in members:
-            c.family_size = len(members)
             if not c.resolved:
-                _plan_size(c, sigma, alpha / 2 ** (c.look + 1) / len(members))
+                # the next decision: this look if it is interim (or untested yet), else the next one
+                _plan_size(c, sigma, alpha / 2 ** (c.look + (0 if c.interim and c.look else 1)) / size)
     return comparisons
 
 
@@ -188,14 +199,15 @@ def _plan_size(c: Comparison, sigma: float, level: float) -> None:
     c.need = seeds_needed(c.delta, sd_a, sd_b, alpha=level)
 
 
-def evidence_class(c: Comparison, expects_lower: bool = True) -> str:
-    """RESOLVED (resolved, in the direction the design expects), CONTRADICTED (resolved, the other way),
-    SUGGESTIVE (unresolved: the sentence says which way it points) or UNTESTABLE."""
+def evidence_class(c: Comparison) -> str:
+    """RESOLVED (resolved lower: every trait's design expects a lower, or no higher, eval loss),
+    CONTRADICTED (resolved higher), SUGGESTIVE (tested, unresolved or interim: the sentence says which way
+    it points) or UNTESTABLE."""
     if not c.testable:
         return UNTESTABLE
     if not c.resolved:
         return SUGGESTIVE
-    return RESOLVED if (c.delta < 0) == expects_lower else CONTRADICTED
+    return RESOLVED if c.delta < 0 else CONTRADICTED
 
 
 def need_text(c: Comparison) -> str:
@@ -207,26 +219,30 @@ def need_text(c: Comparison) -> str:
 
 def evidence_text(c: Comparison) -> str:
     """The evidence a verdict or finding carries: resolved (Holm-adjusted p), unresolved (~n seeds per arm),
-    or one seed per arm: untested; with the look, the plan and what it waits for."""
+    interim (no decision before the last step), or untested; with the look, the plan and what it waits for."""
+    n_a, n_b = len(c.values_a), len(c.values_b)
     if c.resolved:
         text = f"resolved (Holm-adjusted p = {c.p_adj:.3g})"
-    elif c.testable or (max(len(c.values_a), len(c.values_b)) >= 2 and not c.waiting):
-        text = f"unresolved: {need_text(c)} seeds per arm" if c.need == c.need else "unresolved"
+    elif c.testable and c.interim:
+        text = f"interim at step {c.step:,}, no decision before the last step: {need_text(c)} seeds per arm"
+    elif c.testable:
+        text = f"unresolved: {need_text(c)} seeds per arm"
     elif c.waiting and not c.looks:
         text = "not tested yet"
-    elif c.values_a and c.values_b:
-        text = "one seed per arm: untested" if max(len(c.values_a), len(c.values_b)) < 2 else "untested"
+    elif c.flat:
+        text = f"untested ({c.seeds()} seeds): no spread within either arm"
+    elif n_a and n_b:
+        text = "one seed per arm: untested" if max(n_a, n_b) < 2 else f"untested ({c.seeds()} seeds)"
         if c.need == c.need:
-            text += f" (~{c.need:.0f} seeds per arm at the pooled spread)" if c.pooled else \
-                f" ({need_text(c)} seeds per arm)"
+            text += f": {need_text(c)} seeds per arm" + (" at the pooled spread" if c.pooled else "")
     else:
         text = "untested: no eval of both at one step"
     extra = []
     if c.look > 1:
         extra.append(f"look {c.look}")
     if c.plan is not None:
-        planned = f"planned {c.plan['n'][0]} vs {c.plan['n'][1]}"
-        extra.append(f"{planned}, tested at {c.seeds()}" if c.plan_done else f"{planned}, running")
+        n = c.plan["n"] if c.plan["variant"] == c.a else c.plan["n"][::-1]
+        extra.append(f"planned {n[0]} vs {n[1]}, " + (f"tested at {c.seeds()}" if c.plan_done else "running"))
     if c.waiting:
         extra.append("waits for " + ", ".join(f"{v} s{s} (step {st:,})" for v, s, st in c.waiting))
     return text + (f"; {'; '.join(extra)}" if extra else "")
@@ -234,9 +250,6 @@ def evidence_text(c: Comparison) -> str:
 
 def table(comparisons: list[Comparison]) -> pd.DataFrame:
     """The document's Evidence table: every comparison, its numbers and its evidence (markdown-ready)."""
-    def num(x: float, spec: str) -> str:
-        return "—" if not math.isfinite(x) else format(x, spec)
-
     return pd.DataFrame({
         "Comparison": [f"{c.a} vs {c.b}" for c in comparisons],
         "Kind": [c.kind + (f": {', '.join(c.traits)}" if c.traits else "") for c in comparisons],

@@ -17,6 +17,7 @@ import pandas as pd
 from attnres import traits
 from attnres.tracking.states import EARLY
 from reports.evidence import BASELINE, CONTRAST, TOP_TWO, UNTESTABLE, Comparison, evidence_class, evidence_text
+from reports.tables import cause, ended_step
 
 
 @dataclass
@@ -90,7 +91,7 @@ def _contrasts(tests: list[Comparison]) -> list[Finding]:
     order = [t.name for t in traits.TRAITS]
     groups: dict[tuple[str, ...], list[Comparison]] = {}
     for c in tests:
-        if c.kind == CONTRAST and "deep" not in c.traits and not ({c.a, c.b} & set(_deep_names())):
+        if c.kind == CONTRAST and "deep" not in c.traits and not ({c.a, c.b} & set(traits.deep_variants())):
             groups.setdefault(tuple(sorted(c.traits, key=order.index)), []).append(c)
     out = []
     for added, members in sorted(groups.items(), key=lambda kv: order.index(kv[0][0])):
@@ -108,10 +109,6 @@ def _contrasts(tests: list[Comparison]) -> list[Finding]:
     return out
 
 
-def _deep_names() -> list[str]:
-    return [n for n in traits.VARIANTS if "deep" in traits.traits_of(n)]
-
-
 def _deep(tests: list[Comparison], deep: pd.DataFrame | None, baseline: str) -> Finding | None:
     """Rule: depth at matched parameters, with and without depth attention, against the (wide) baseline."""
     if deep is None or len(deep) < 2:
@@ -125,7 +122,7 @@ def _deep(tests: list[Comparison], deep: pd.DataFrame | None, baseline: str) -> 
                         f"(lower is better; {baseline} is the shallow baseline).", UNTESTABLE))
     names = set(deep["variant"])
     for c in tests:
-        if not ({c.a, c.b} <= names or (c.kind == CONTRAST and {c.a, c.b} & set(_deep_names()))):
+        if not ({c.a, c.b} <= names or (c.kind == CONTRAST and {c.a, c.b} & set(traits.deep_variants()))):
             continue
         if c.kind in (BASELINE, CONTRAST):
             f.sentences.append(_sentence(c, c.traits or list(traits.traits_of(c.a))))
@@ -140,10 +137,7 @@ def _strength(cls: str) -> int:
 
 def _cost(verdicts: pd.DataFrame, by_variant: dict[str, Comparison]) -> Finding | None:
     """Rule: the variant with the best quality per unit of cost, when it is not the best quality."""
-    v = dict(zip(verdicts["Variant"], verdicts["Verdict"], strict=True))
-    best = next((n for n, w in v.items() if w.startswith("Best quality") and "ratio" not in w.split(" — ")[0]
-                 .split(";")[0]), None)
-    ratio = next((n for n, w in v.items() if "Best quality/cost ratio" in w.split(" — ")[0]), None)
+    best, ratio = verdicts.attrs.get("best_quality"), verdicts.attrs.get("best_ratio")
     if best is None or ratio is None or best == ratio or ratio not in by_variant:
         return None
     row = verdicts.set_index("Variant")
@@ -160,13 +154,10 @@ def _ended(runs: pd.DataFrame) -> Finding | None:
     if ended.empty:
         return None
     f = Finding("Runs that ended early")
-    for r in ended.itertuples():
-        at = int(r.stop_step) if pd.notna(r.stop_step) else int(r.step)
-        cause = str(r.message).strip().splitlines()[0][:160] if isinstance(r.message, str) and r.message.strip() \
-            else "no cause recorded"
-        f.sentences.append((f"{r.variant} s{r.seed} {r.status} at step {at:,} of {int(r.total_steps):,} ({cause}); "
-                            "its variant is compared only where it has an eval (see the contrasts above).",
-                            UNTESTABLE))
+    for _, r in ended.iterrows():
+        f.sentences.append((f"{r['variant']} s{r['seed']} {r['status']} at step {ended_step(r):,} of "
+                            f"{int(r['total_steps']):,} ({cause(r)}); its variant is compared only where it has an "
+                            "eval, and there only as an interim result.", UNTESTABLE))
     return f
 
 

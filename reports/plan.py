@@ -21,13 +21,14 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from attnres import grid
-from attnres.config import flatten, get_preset
+from attnres import grid, planning
+from attnres.config import get_preset
 from attnres.errors import AttnresError
-from attnres.tracking.states import ACTIVE, DIVERGED, FAILED, FINISHED, RUNNING
+from attnres.tracking.states import ACTIVE, DIVERGED, FAILED, FINISHED, PREEMPTED, RUNNING
 from attnres.variants import VARIANTS, resolve_run
 from reports.evidence import BASELINE, CONTRAST, TOP_TWO, Comparison, evidence_text
 from reports.scope import DEFAULT_DATA, Scope
+from reports.tables import cause, ended_step
 
 RESOLVE, RUNNING_ITEM, NEW, RETRY = "resolve", "running", "new", "retry"
 KINDS = (RESOLVE, NEW, RETRY)  # what --launch can start
@@ -44,9 +45,9 @@ class Launch:
     seeds: list[int]
     overrides: list[str]  # --set items (a swept one: lr=a,b)
 
-    def argv(self, scope: Scope) -> list[str]:
+    def argv(self, scope: Scope, db: list[str] | None = None) -> list[str]:
         argv = ["attnres", "launch", *self.variants, "--seeds", *map(str, self.seeds), "--preset", scope.preset,
-                "--steps", str(scope.budget)]
+                "--steps", str(scope.budget), *(db or [])]
         if scope.experiment != scope.preset:
             argv += ["--experiment", scope.experiment]
         if scope.data != DEFAULT_DATA:
@@ -69,6 +70,8 @@ class Plan:
     scope: Scope
     items: list[Item]
     registration: list[dict]  # per planned comparison: variant, against, n per arm, kind
+    db: list[str] = field(default_factory=list)  # ["--db", URL] when not the default database
+    imported: bool = False  # the scope's runs were recorded elsewhere: their settings are not known here
 
     def launches(self, kinds: tuple[str, ...] = KINDS) -> list[Launch]:
         return [x for item in self.items if item.kind in kinds for x in item.launches]
@@ -76,42 +79,54 @@ class Plan:
     def cells(self, kinds: tuple[str, ...] = KINDS) -> list[tuple[str, int]]:
         return [(v, s) for x in self.launches(kinds) for v in x.variants for s in x.seeds]
 
+    def commands(self, item: Item) -> list[list[str]]:
+        """An item's commands, each with this plan's database."""
+        return [x.argv(self.scope, self.db) for x in item.launches] + [[*c, *self.db] for c in item.commands]
 
-_NOT_SET = {"variant", "seed", "preset", "experiment", "data", "revision", "steps"}  # given by the scope instead
+    def requests(self, kinds: tuple[str, ...] = KINDS) -> list[planning.LaunchRequest]:
+        """What ``attnres next --launch`` starts: the launches of ``kinds``, checked as ``attnres launch`` checks."""
+        if self.imported:
+            raise AttnresError("the runs of this scope were imported (recorded elsewhere, their settings unknown "
+                               "here): launch the printed commands yourself if they train what they trained")
+        s = self.scope
+        return [planning.request(x.variants, x.seeds, s.preset, s.budget, x.overrides, s.data,
+                                 experiment=s.experiment) for x in self.launches(kinds)]
+
+    def registration_of(self, kinds: tuple[str, ...] = KINDS) -> dict:
+        """The pre-registration a launch of ``kinds`` records: the comparisons and their planned seeds."""
+        return {"comparisons": [p for p in self.registration if p["kind"] in kinds]}
 
 
-def overrides(runs: pd.DataFrame, variant: str, reference: str, scope: Scope) -> list[str] | None:
-    """The ``--set`` items that give ``variant`` the settings its runs (or ``reference``'s) were trained with
-    in ``scope``: every config entry that differs from the preset's, bookkeeping included. None when the
-    runs were recorded elsewhere at a preset this attnres does not have, or when the items would not
-    reproduce the runs' config (checked by its hash)."""
-    try:
-        get_preset(scope.preset)
-    except AttnresError:
-        return None
+def kinds(only: list[str] | None) -> tuple[str, ...]:
+    """``--only`` parts of a plan (default: all that can be launched); one clear line for an unknown one."""
+    for k in only or []:
+        if k not in KINDS:
+            raise AttnresError(f"--only {k}: choose from {', '.join(KINDS)}")
+    return tuple(only or KINDS)
+
+
+def settings_of(runs: pd.DataFrame, variant: str, reference: str, scope: Scope) -> list[str] | None:
+    """The ``--set`` items that train ``variant`` as its runs (or ``reference``'s) were trained in ``scope``
+    (:func:`attnres.planning.reproduce`); [] for imported runs (the preset's own settings: a plan of them
+    is printed, not launched); None when no command can reproduce them."""
     src = runs[runs["variant"] == variant]
     src = src if len(src) else runs[runs["variant"] == reference]
     if src.empty:
         return []
     run = src.iloc[-1]
-    config = json.loads(run["config_json"] or "{}")
-    if "model" not in config:  # imported: recorded elsewhere, at the preset's settings as far as anyone can tell
+    if "model" not in json.loads(run["config_json"] or "{}"):
+        try:
+            get_preset(scope.preset)
+        except AttnresError:
+            return None
         return []
-    have = {k.rsplit(".", 1)[-1]: v for k, v in flatten(config).items()}
-    default = {k.rsplit(".", 1)[-1]: v for k, v in
-               flatten(json.loads(resolve_run(str(run["variant"]), scope.preset, 0).to_json())).items()}
-    items = [f"{k}={grid.normal(v)}" for k, v in sorted(have.items()) if k not in _NOT_SET and default.get(k) != v]
-    try:
-        again = resolve_run(str(run["variant"]), scope.preset, int(run["seed"]), [*items, f"steps={scope.budget}"],
-                            str(config.get("data")), scope.experiment)
-    except AttnresError:
-        return None
-    return items if again.config_hash == run["config_hash"] else None
+    return planning.reproduce(run["config_json"], run["config_hash"], scope.preset, int(run["seed"]),
+                              scope.budget, scope.experiment)
 
 
 def _usable(runs: pd.DataFrame) -> dict[str, set[int]]:
     """Per variant, the seeds whose runs finished or are going (they will give a value)."""
-    ok = runs[runs["status"].isin([FINISHED, *ACTIVE])]
+    ok = runs[runs["status"].isin([FINISHED, *ACTIVE, PREEMPTED])]
     return {str(v): set(g["seed"].astype(int)) for v, g in ok.groupby("variant")}
 
 
@@ -164,12 +179,14 @@ def _resolve(tests: list[Comparison], runs: pd.DataFrame, max_seeds: int, settin
         p["n"] = [len(usable.get(p[k], ())) + len(picks.get(p[k], [])) for k in ("variant", "against")]
     item.launches = _group(picks, RESOLVE, settings)
     if any(settings.get(v) is None for v, seeds in picks.items() if seeds):
-        item.lines.append("Not launchable from here: the runs were recorded elsewhere at a preset this attnres "
-                          "does not have; add the seeds where they were trained.")
+        item.lines.append("No command: the runs were recorded at a preset or with settings this attnres cannot "
+                          "train again; add the seeds where they were trained.")
     return item, [p for p in planned if any(picks.get(p[k]) for k in ("variant", "against"))]
 
 
 def _eta(run: pd.Series) -> str:
+    if run["status"] == PREEMPTED:
+        return "preempted (it continues from its checkpoint when resumed)"
     if run["status"] != RUNNING:
         return str(run["status"])
     started, beat = run.get("started_at"), run.get("heartbeat_at")
@@ -183,28 +200,40 @@ def _eta(run: pd.Series) -> str:
 
 def _running(runs: pd.DataFrame) -> Item:
     item = Item(RUNNING_ITEM)
-    for _, r in runs[runs["status"].isin(ACTIVE)].sort_values(["variant", "seed"]).iterrows():
+    going = runs[runs["status"].isin([*ACTIVE, PREEMPTED])].sort_values(["variant", "seed"])
+    for _, r in going.iterrows():
         item.lines.append(f"{r['variant']} s{r['seed']}: step {int(r['step']):,} of {int(r['total_steps']):,}, "
                           f"{_eta(r)}")
+        if r["status"] == PREEMPTED and r.get("backend", "local") == "local":  # (a cluster's grid is relaunched)
+            item.commands.append(["attnres", "resume", str(r["id"])])
     return item
+
+
+def never_run(runs: pd.DataFrame, scope: Scope, baseline: str) -> tuple[list[str], list[str]]:
+    """Registry variants with no run in this scope: (those buildable at its preset, those refused there)."""
+    fresh, refused = [], []
+    for v in VARIANTS:
+        if v in set(runs["variant"]):
+            continue
+        try:
+            resolve_run(v, scope.preset, 0, experiment=scope.experiment)
+        except AttnresError:
+            refused.append(v)
+            continue
+        fresh.append(v)
+    return fresh, refused
 
 
 def _new(runs: pd.DataFrame, scope: Scope, baseline: str, settings: dict[str, list[str] | None]
          ) -> tuple[Item, list[dict]]:
     item = Item(NEW)
-    present = set(runs["variant"])
     have = _usable(runs).get(baseline, set())
     seeds = [s for s in itertools.islice(_seed_order(runs), len(set(runs["seed"]))) if s in have] or [42]
-    fresh, refused = [], []
-    for v in VARIANTS:
-        if v in present:
-            continue
-        try:
-            resolve_run(v, scope.preset, seeds[0], settings.get(baseline) or [], experiment=scope.experiment)
-        except AttnresError:
-            refused.append(v)
-            continue
-        fresh.append(v)
+    try:
+        get_preset(scope.preset)
+    except AttnresError:
+        return item, []  # (a preset of runs recorded elsewhere: nothing can be built here)
+    fresh, refused = never_run(runs, scope, baseline)
     if fresh:
         item.lines.append(f"Never run in this scope: {', '.join(fresh)}; planned with {baseline}'s seeds "
                           f"({', '.join(map(str, seeds))}), so they pair.")
@@ -219,20 +248,19 @@ def _retry(runs: pd.DataFrame, scope: Scope, baseline: str, settings: dict[str, 
     item = Item(RETRY)
     usable = _usable(runs)
     for variant, grp in runs[runs["status"].isin([FAILED, DIVERGED])].groupby("variant", sort=True):
-        for r in grp.itertuples():
-            at = int(r.stop_step) if pd.notna(r.stop_step) else int(r.step)
-            cause = str(r.message).strip().splitlines()[0][:120] if isinstance(r.message, str) and r.message.strip() \
-                else "no cause recorded"
-            item.lines.append(f"{variant} s{r.seed} {r.status} at step {at:,} ({cause}).")
-            if r.status == FAILED and r.backend == "local" and variant in usable:
-                item.commands.append(["attnres", "resume", str(r.id)])
+        for _, r in grp.iterrows():
+            item.lines.append(f"{variant} s{r['seed']} {r['status']} at step {ended_step(r):,} ({cause(r)}).")
+            if r["status"] == FAILED and r["backend"] == "local" and variant in usable:
+                item.commands.append(["attnres", "resume", str(r["id"])])
         if variant in usable or settings.get(variant) is None:
             continue
         lr = _lr(grp, scope.preset)
         values = ",".join(grid.normal(lr / k) for k in (2, 4))
         base = [o for o in settings[variant] if not o.startswith("lr=")]
         item.lines.append(f"{variant} has no run that finished: retry at a smaller learning rate ({values} instead "
-                          f"of {grid.normal(lr)}), as a sweep with {baseline}, so each is compared at its best.")
+                          f"of {grid.normal(lr)}), as a sweep with {baseline}, so each is compared at its best "
+                          "(a sweep: `attnres report` then keeps its cells apart, and `--tuned lr` compares each "
+                          "variant at its best value).")
         item.launches.append(Launch(RETRY, [variant, baseline], sorted(set(grp["seed"].astype(int))),
                                     [*base, f"lr={values}"]))
         item.commands.append(["attnres", "report", *shlex.split(scope.flags()), "--tuned", "lr"])
@@ -245,13 +273,18 @@ def _lr(runs: pd.DataFrame, preset: str) -> float:
 
 
 def make(tests: list[Comparison], runs: pd.DataFrame, scope: Scope, baseline: str,
-         max_seeds: int = MAX_SEEDS) -> Plan:
-    """The plan for one scope, from its tested comparisons and its runs."""
-    settings = {v: overrides(runs, v, baseline, scope) for v in [*VARIANTS, *set(runs["variant"])]}
+         max_seeds: int = MAX_SEEDS, db: list[str] | None = None) -> Plan:
+    """The plan for one scope, from its tested comparisons and its runs (``db``: the --db its commands name)."""
+    settings = {v: settings_of(runs, v, baseline, scope) for v in [*VARIANTS, *set(runs["variant"])]}
     resolve, planned = _resolve([c for c in tests if c.kind != CONTRAST], runs, max_seeds, settings)
     new, fresh = _new(runs, scope, baseline, settings)
+    imported = all("model" not in json.loads(c or "{}") for c in runs["config_json"])  # recorded elsewhere
+    if imported and (resolve.launches or new.launches):
+        resolve.lines.append(f"These runs were imported: the commands train at preset {scope.preset}'s own "
+                             "settings on the built-in data; run them only where that is how the imported runs "
+                             "were trained (`attnres next --launch` does not launch them).")
     items = [resolve, _running(runs), new, _retry(runs, scope, baseline, settings)]
-    return Plan(scope, [i for i in items if i.lines or i.launches], planned + fresh)
+    return Plan(scope, [i for i in items if i.lines or i.launches], planned + fresh, list(db or []), imported)
 
 
 TITLES = {RESOLVE: "Resolve the open comparisons", RUNNING_ITEM: "Runs in progress", NEW: "Variants never run here",
@@ -266,6 +299,5 @@ def markdown(plan: Plan) -> str:
     for i, item in enumerate(plan.items, 1):
         parts.append(f"{i}. **{TITLES[item.kind]}**")
         parts += [f"   - {line}" for line in item.lines]
-        parts += [f"   - `{shlex.join(x.argv(plan.scope))}`" for x in item.launches]
-        parts += [f"   - `{shlex.join(c)}`" for c in item.commands]
+        parts += [f"   - `{shlex.join(c)}`" for c in plan.commands(item)]
     return "\n".join(parts) + "\n"

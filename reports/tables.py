@@ -133,3 +133,15 @@ def family(table: pd.DataFrame, baseline: str, label: str = "Shallow") -> pd.Dat
         f"Δ vs {label} Baseline": ["—" if v == baseline else f"{e - base['eval']:+.3f}"
                                    for v, e in zip(t["variant"], t["eval"], strict=True)],
     }).reset_index(drop=True)
+
+
+def ended_step(run: pd.Series) -> int:
+    """Where a run ended early (its stop step), or how far it got."""
+    return int(run["stop_step"]) if pd.notna(run["stop_step"]) else int(run["step"])
+
+
+def cause(run: pd.Series, width: int = 160) -> str:
+    """Why a run ended, in one line: its message's first line."""
+    message = run["message"]
+    text = message.strip().splitlines()[0][:width] if isinstance(message, str) and message.strip() else ""
+    return text or "no cause recorded"

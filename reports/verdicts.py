@@ -75,12 +75,15 @@ def cost_benefit(table: pd.DataFrame, baseline: str, tests: dict[str, Comparison
             qualifier = _qualifier(v, better["cost"], above, ratio_only="Best quality/cost ratio" in earned)
             label += f", {qualifier}" if qualifier else ""
         test = (tests or {}).get(v)
-        return label + (f" — {evidence_text(test)}" if test is not None else "")
+        return label + (f" — {evidence_text(test)}" if test is not None else
+                        " — untested: no test against the baseline (its runs ended early or are not there)")
 
-    return pd.DataFrame({
+    out = pd.DataFrame({
         "Variant": t["variant"],
         "Quality (eval Δ)": [f"{stars(d)} ({d:+.3f})" for d in t["delta"]],
         "Speed Cost": [num(s, "+.0f") + ("%" if math.isfinite(s) else "") for s in t["speed"]],
         "Memory Cost": [num(m, "+.0f") + ("%" if math.isfinite(m) else "") for m in t["memory"]],
         "Verdict": [verdict(v) for v in t.index],
     }, columns=cols).reset_index(drop=True)
+    out.attrs.update(best_quality=best_q, best_ratio=best_r)
+    return out

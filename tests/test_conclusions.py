@@ -65,7 +65,7 @@ def test_family_wise_error_stays_under_alpha_when_nothing_differs(quiet_gc):
     """Nine variants and the baseline from one distribution, 3 seeds each: Holm over the primary family (and,
     apart, over the contrasts) keeps the rate of any 'resolved' under 5%; plain p < 0.05 does not."""
     rng = np.random.default_rng(2026)
-    draws, primary, anywhere, plain = 120, 0, 0, 0
+    draws, primary, anywhere, plain = 100, 0, 0, 0
     for _ in range(draws):
         values = {v: dict(zip((1, 2, 3), 3.0 + rng.normal(0, 0.01, 3), strict=True)) for v in ["standard", *NINE]}
         found = assessed(values)
@@ -80,7 +80,7 @@ def test_family_wise_error_stays_under_alpha_when_nothing_differs(quiet_gc):
 def test_adding_seeds_until_p_is_small_never_resolves_more_than_alpha(quiet_gc):
     """One more seed per arm per stage, up to 8 looks, stopping at the first 'resolved', no true difference."""
     rng = np.random.default_rng(7)
-    draws, hits, plain = 200, 0, 0
+    draws, hits, plain = 150, 0, 0
     for _ in range(draws):
         base, var = 3.0 + rng.normal(0, 0.01, 9), 3.0 + rng.normal(0, 0.01, 9)
         plain += any(stats.ttest_ind(var[: k + 2], base[: k + 2], equal_var=False).pvalue < 0.05 for k in range(8))
@@ -103,6 +103,58 @@ def test_adding_seeds_until_p_is_small_never_resolves_more_than_alpha(quiet_gc):
     assert plain / draws > 0.1, plain
 
 
+def test_a_stage_still_going_holds_its_test_and_the_earlier_look_stands():
+    """Stage 2 added seed 3 (finished) and seed 4 (preempted: it resumes later): the test stays on stage 1's
+    seeds, at look 1, and says what it waits for; seed 3 is not tested before its stage is complete."""
+    values = {"standard": {1: 3.00, 2: 3.02, 3: 3.01}, "control_block": {1: 2.90, 2: 2.93, 3: 2.91}}
+    runs, evals = frames(values, {(v, s): 1 if s < 3 else 2 for v in values for s in (1, 2, 3)})
+    late = {"id": 7, "variant": "control_block", "seed": 4, "status": "preempted", "step": 50, "total_steps": 100,
+            "stop_step": None, "final_train_loss": None, "tokens_per_s": 1000.0, "peak_memory_bytes": 1e9,
+            "launch_id": 2}
+    runs = pd.concat([runs, pd.DataFrame([late])], ignore_index=True)
+    c = comparisons.document(runs, evals, "standard", 100,
+                             comparisons.Group(per_variant(runs, evals, 100), 100, False))[0]
+    p = stats.ttest_ind([2.90, 2.93], [3.00, 3.02], equal_var=False).pvalue
+    assert (c.a, c.seeds(), c.look, c.waiting) == ("control_block", "2 vs 2", 1, [("control_block", 4, 50)])
+    assert c.p == pytest.approx(p) and c.p_adj == pytest.approx(min(1.0, 2 * p))
+    assert evidence.evidence_text(c).endswith("waits for control_block s4 (step 50)")
+
+
+def test_no_decision_before_the_last_step_and_none_without_spread():
+    """A difference seen at step 60 of 100, runs still going, is interim (each eval step would be one more look);
+    arms without any spread are untested (Welch's p would be 0 for any difference)."""
+    values = {"standard": {1: 3.00, 2: 3.01, 3: 3.02}, "control_block": {1: 2.80, 2: 2.81, 3: 2.82}}
+    runs, evals = frames(values)
+    runs["status"], runs["step"] = "running", 60
+    evals["step"] = 60
+    c = comparisons.document(runs, evals, "standard", 100,
+                             comparisons.Group(per_variant(runs, evals, 60), 60, True))[0]
+    assert c.interim and c.p < 0.001 and not c.resolved and math.isnan(c.p_adj)
+    assert evidence.evidence_text(c).startswith("interim at step 60, no decision before the last step")
+    assert evidence.evidence_class(c) == evidence.SUGGESTIVE
+    final = assessed(values)[0]
+    assert final.resolved and not final.interim  # the same seeds at the last step decide
+    flat = assessed({"standard": {1: 3.0, 2: 3.0}, "control_block": {1: 2.999, 2: 2.999}})[0]
+    assert not flat.testable and not flat.resolved and "no spread within either arm" in evidence.evidence_text(flat)
+
+
+def test_a_run_resumed_after_it_ended_joins_a_new_stage(workdir):
+    """Its seed arrives after its stage was complete (and maybe tested without it): one more look."""
+    from attnres import orchestrator
+
+    engine = get_engine(str(workdir / "runs.db"))
+    first = launches.create(engine, launches.LAUNCH)
+    cfg = resolve_run("standard", "tiny", 1, _settings(), "builtin-bytes")
+    ended = store.create_run(engine, cfg, status=states.FAILED, actor=states.IMPORTER, launch_id=first)
+    cut = store.create_run(engine, resolve_run("standard", "tiny", 2, _settings(), "builtin-bytes"),
+                           status=states.PREEMPTED, actor=states.IMPORTER, launch_id=first)
+    orchestrator.reopen(engine, [ended, cut])
+    frame = launches.frame(engine)
+    assert store.get_run(engine, ended).launch_id == frame["id"].max() > first
+    assert list(frame["origin"]) == ["launch", "resume"]
+    assert store.get_run(engine, cut).launch_id == first  # a preempted run's stage waited for it
+
+
 def test_sequential_looks_through_import_and_report(workdir):
     """The same seeds give 'resolved' when launched at once and 'unresolved' when added stage by stage
     until p < 0.05: the report counts the looks (one per imported stage) and spends α/2^k at look k."""
@@ -123,9 +175,9 @@ def test_sequential_looks_through_import_and_report(workdir):
     assert row["Look"] == "1" and row["Holm-adjusted p"] == f"{2 * p:.3g}" and row["Evidence"].startswith("resolved")
 
     staged = get_engine(str(workdir / "staged.db"))
-    for i, seeds in enumerate([[1, 2, 3], [4], [5]]):  # three launches: three looks
-        rows(seeds, "x").to_csv(workdir / f"stage{i}.csv", index=False)
-        import_file(staged, workdir / f"stage{i}.csv")
+    # three launches, three looks, in one file: stages follow their launch values (9 before 10)
+    pd.concat([rows([1, 2, 3], "2"), rows([4], "9"), rows([5], "10")]).to_csv(workdir / "staged.csv", index=False)
+    import_file(staged, workdir / "staged.csv")
     text = write_report(staged, workdir / "staged.md", plots=False)
     row = evidence_rows(text)[0]
     assert row["Welch p"] == f"{p:.3g}" and row["Look"] == "3" and row["Holm-adjusted p"] == f"{8 * p:.3g}"

@@ -88,10 +88,10 @@ def test_seed_document_regenerated_from_its_figures(workdir):
     # the seed's verdict words, by the observed ranking, each with how sure it is
     verdicts = {row.split("|")[1].strip(): row.split("|")[5].strip() for row in cost.splitlines()
                 if row.startswith("| block") or row.startswith("| control") or row.startswith("| full")}
-    assert verdicts["block_hybrid_memory"].startswith("Best quality, expensive — unresolved: ~")  # 4 vs 1 seeds
+    assert verdicts["block_hybrid_memory"].startswith("Best quality, expensive — untested (4 vs 1 seeds): ~")
     assert verdicts["block_gqa_depth"].startswith("Best quality/cost ratio — not tested yet; waits for "
                                                   "block_gqa_depth s42 (step 3,000)")
-    assert verdicts["control_block"].startswith("Solid, simpler — unresolved: ~")
+    assert verdicts["control_block"].startswith("Solid, simpler — untested (2 vs 1 seeds): ~")
     assert verdicts["block_alibi_depth"].startswith("Modest, cheap — one seed per arm: untested")
     assert verdicts["block_input_dep_query"].startswith("Not worth it — one seed per arm: untested")
     # provenance
@@ -222,7 +222,7 @@ def test_verdicts_keep_the_ranking_and_say_how_sure():
     verdicts = cost_benefit(table, "standard", {c.a: c for c in tests if c.kind == evidence.BASELINE})
     v = dict(zip(verdicts["Variant"], verdicts["Verdict"], strict=True))
     # the ranking gives the words; the evidence after the dash says how sure
-    assert v["block_gqa_depth"].startswith("Best quality, expensive — unresolved: ~")  # first on one seed
+    assert v["block_gqa_depth"].startswith("Best quality, expensive — untested (1 vs 4 seeds): ~")  # first, one seed
     p = {name: stats.ttest_ind(list(values[name].values()), list(base.values()), equal_var=False).pvalue
          for name in ("control_block", "block_hybrid_memory")}
     # the primary family: the two testable comparisons with the baseline (the top two has one seed); look 1 is x2

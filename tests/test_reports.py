@@ -80,7 +80,7 @@ def test_report_has_exact_statistics(db, workdir):
     assert f"Best quality; Best quality/cost ratio — resolved (Holm-adjusted p = {2 * t.pvalue:.3g})" in text
     assert "| control_block       | ★★★★★ (-0.020)" not in text  # 3.02 - 3.04 = -0.020: ★★★
     cb = next(row for row in text.splitlines() if row.startswith("| control_block       | ★★★ (-0.020)"))
-    assert " — unresolved: ~" in cb  # one seed against three: ranked, not resolved
+    assert " — untested (1 vs 3 seeds): ~" in cb  # one seed against three: ranked, not tested
     assert "-20%" in text and "+50%" in text
     assert "one ★ for any improvement" in text and "Holm" in text
     # deep family against the shallow baseline at their common step (100)

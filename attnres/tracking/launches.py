@@ -1,8 +1,10 @@
 """Launches: the stages of an experiment, and what ``attnres next`` pre-registered (see migration 0007).
 
 Each ``attnres launch``, ``attnres next --launch`` and ``attnres import`` records one launch; the runs
-it creates keep its id. A report reads them back to know which seeds arrived together (a stage, one
-look at the data when it completes) and which comparisons a launch planned, with how many seeds.
+it creates keep its id. ``attnres resume`` of a run that had ended, and a trainer started directly
+(``python -m attnres.train`` without a run id), record one too. A report reads them back to know which
+seeds arrived together (a stage, one look at the data when it completes) and which comparisons a
+launch planned, with how many seeds.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from attnres.tracking.schema import Launch
 if TYPE_CHECKING:
     import pandas as pd
 
-LAUNCH, NEXT, IMPORT = "launch", "next", "import"
+LAUNCH, NEXT, IMPORT, RESUME, DIRECT = "launch", "next", "import", "resume", "direct"
 
 
 def create(engine: Engine, origin: str, plan: Mapping[str, object] | None = None) -> int:

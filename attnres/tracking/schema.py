@@ -71,7 +71,7 @@ class Launch(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     created_at: Mapped[datetime] = mapped_column(DateTime)
-    origin: Mapped[str] = mapped_column(String(16))  # launch | next | import
+    origin: Mapped[str] = mapped_column(String(16))  # launch | next | import | resume | direct
     plan_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # next's pre-registration
 
 

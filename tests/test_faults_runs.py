@@ -200,7 +200,8 @@ def test_a_second_queue_waits_for_the_machines_one_cpu_slot(workdir):
     attnres("kill", "--all")
     with sqlite3.connect(workdir / "runs.db") as conn:  # a finished run made resumable, as a killed one is
         conn.execute("update runs set status = 'killed'")
-    first = attnres("launch", "standard", "--seeds", "8", *issue_run(80), "--detach",
+    # long enough to be seen going: its step reaches the database every 2 s (80 steps took 1.8 s on a fast CPU)
+    first = attnres("launch", "standard", "--seeds", "8", *issue_run(400), "--detach",
                     check=True)
     at_step(workdir, 5, run=1)
     second = attnres("resume", "1", "--detach", check=True)

@@ -65,6 +65,8 @@ def bench(
     draws: Annotated[int, typer.Option(min=1, help="bench errors: synthetic databases per design")] = 200,
     variants: Annotated[int, typer.Option(min=1, max=11, help="bench errors: variants against the baseline")] = 9,
     seeds: Annotated[int, typer.Option("--seeds", min=2, help="bench errors: seeds per variant")] = 3,
+    processes: Annotated[bool, typer.Option("--processes", help="bench errors: run `attnres import` and `attnres "
+                                            "report` as processes (slower), not in this one")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
     """Benchmarks measured side by side in one process: variants vs standard, data preparation, reports."""
@@ -80,7 +82,8 @@ def bench(
             with Progress(TextColumn("{task.description}"), TimeElapsedColumn(), console=err, disable=json_out,
                           transient=True) as bar:
                 task = bar.add_task("errors")
-                result = bench_errors(draws, variants, seeds, progress=lambda msg: bar.update(task, description=msg))
+                result = bench_errors(draws, variants, seeds, progress=lambda msg: bar.update(task, description=msg),
+                                      processes=processes)
         elif kind == "data":
             from attnres.bench.data import bench_data
 

@@ -19,6 +19,8 @@ document's text is read back: its verdicts and its Statistical Evidence table. T
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -89,12 +91,24 @@ def verdicts(text: str) -> dict[str, str]:
     return out
 
 
-def _report(folder: Path, files: list[pd.DataFrame]) -> str:
+def _report(folder: Path, files: list[pd.DataFrame], processes: bool = False) -> str:
+    """Import each file (one stage each) and write the report: in this process through the functions the two
+    verbs call, or (``processes``) as ``attnres import`` and ``attnres report`` processes, as a user runs them."""
     db = folder / "runs.db"
+    first = len(list(folder.glob("stage-*.csv")))
+    paths = []
+    for i, frame in enumerate(files, first):
+        paths.append(folder / f"stage-{i}.csv")
+        frame.to_csv(paths[-1], index=False)
+    if processes:
+        cli = [sys.executable, "-m", "cli.main"]
+        for path in paths:
+            subprocess.run([*cli, "import", str(path), "--db", str(db)], check=True, capture_output=True)
+        subprocess.run([*cli, "report", "--out", str(folder / "r.md"), "--no-plots", "--db", str(db)], check=True,
+                       capture_output=True)
+        return (folder / "r.md").read_text()
     engine = get_engine(str(db))
-    for i, frame in enumerate(files):
-        path = folder / f"stage-{i}.csv"
-        frame.to_csv(path, index=False)
+    for path in paths:
         import_file(engine, path)
     return write_report(engine, folder / "r.md", plots=False)
 
@@ -106,14 +120,15 @@ def _arms() -> tuple[str, list[str]]:
 
 
 def bench_errors(draws: int = 200, variants: int = 9, seeds: int = 3,
-                 progress: Callable[[str], None] | None = None) -> dict[str, float]:
+                 progress: Callable[[str], None] | None = None, processes: bool = False) -> dict[str, float]:
     """Both designs (:func:`family_wise`, :func:`sequential`), their figures prefixed with the design."""
-    return {**{f"family_wise_{k}": v for k, v in family_wise(draws, variants, seeds, progress=progress).items()},
-            **{f"sequential_{k}": v for k, v in sequential(draws, progress=progress).items()}}
+    fw = family_wise(draws, variants, seeds, progress=progress, processes=processes)
+    return {**{f"family_wise_{k}": v for k, v in fw.items()},
+            **{f"sequential_{k}": v for k, v in sequential(draws, progress=progress, processes=processes).items()}}
 
 
 def family_wise(draws: int = 200, variants: int = 9, seeds: int = 3, sigma: float = 0.01, seed: int = 0,
-                progress: Callable[[str], None] | None = None) -> dict[str, float]:
+                progress: Callable[[str], None] | None = None, processes: bool = False) -> dict[str, float]:
     """The rate of draws with at least one variant called resolved, all variants equal to the baseline."""
     base, names = _arms()
     names = names[:variants]
@@ -125,7 +140,7 @@ def family_wise(draws: int = 200, variants: int = 9, seeds: int = 3, sigma: floa
         values = {v: 3.0 + rng.normal(0, sigma, seeds) for v in [base, *names]}
         frame = pd.DataFrame([r for v, x in values.items() for r in _rows(v, list(range(1, seeds + 1)), list(x))])
         with tempfile.TemporaryDirectory() as tmp:
-            text = _report(Path(tmp), [frame])
+            text = _report(Path(tmp), [frame], processes)
             forget_engines()
         hits += any(" — resolved (" in v for v in verdicts(text).values())
         any_hits += any(r["Evidence"].startswith("resolved") for r in evidence_rows(text))
@@ -137,7 +152,7 @@ def family_wise(draws: int = 200, variants: int = 9, seeds: int = 3, sigma: floa
 
 
 def sequential(draws: int = 200, looks: int = 8, sigma: float = 0.01, seed: int = 1,
-               progress: Callable[[str], None] | None = None) -> dict[str, float]:
+               progress: Callable[[str], None] | None = None, processes: bool = False) -> dict[str, float]:
     """The rate of draws in which adding one seed per arm per look, up to ``looks`` looks, ever gives a resolved."""
     rng = np.random.default_rng(seed)
     hits = naive = 0
@@ -152,7 +167,7 @@ def sequential(draws: int = 200, looks: int = 8, sigma: float = 0.01, seed: int 
                 seeds = [1, 2] if k == 0 else [k + 2]
                 files.append(pd.DataFrame(_rows(plain, seeds, [base[s - 1] for s in seeds])
                                           + _rows(names[0], seeds, [var[s - 1] for s in seeds])))
-                text = _report(Path(tmp), files[-1:])
+                text = _report(Path(tmp), files[-1:], processes)
                 if any(" — resolved (" in v for v in verdicts(text).values()):
                     hits += 1
                     break

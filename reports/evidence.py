@@ -232,9 +232,11 @@ def evidence_text(c: Comparison) -> str:
     elif c.flat:
         text = f"untested ({c.seeds()} seeds): no spread within either arm"
     elif n_a and n_b:
-        text = "one seed per arm: untested" if max(n_a, n_b) < 2 else f"untested ({c.seeds()} seeds)"
-        if c.need == c.need:
-            text += f": {need_text(c)} seeds per arm" + (" at the pooled spread" if c.pooled else "")
+        need = f"{need_text(c)} seeds per arm" + (" at the pooled spread" if c.pooled else "")
+        if max(n_a, n_b) < 2:
+            text = "one seed per arm: untested" + (f" ({need})" if c.need == c.need else "")
+        else:
+            text = f"untested ({c.seeds()} seeds)" + (f": {need}" if c.need == c.need else "")
     else:
         text = "untested: no eval of both at one step"
     extra = []

@@ -377,3 +377,12 @@ def test_traits_isolate_mechanisms():
     assert sorted(pairs[("block_gqa_depth", "control_block")]) == ["key_gain", "query_sharing"]  # confounded
     assert pairs[("deep_control_block", "deep_baseline")] == ["depth_attention"]
     assert ("block_gqa_depth", "block_mqa_depth") not in pairs  # they differ in a value, neither adds to the other
+
+
+def test_bench_errors_counts_what_the_written_report_says():
+    from reports.bench import bench_errors
+
+    got = bench_errors(draws=2, variants=2, seeds=2)
+    assert got["family_wise_draws"] == got["sequential_draws"] == 2
+    for design in ("family_wise_variant_resolved", "family_wise_plain_p_below_0.05", "sequential_ever_resolved"):
+        assert 0 <= got[f"{design}_ci_low"] <= got[f"{design}_rate"] <= got[f"{design}_ci_high"] <= 1, design

@@ -16,7 +16,16 @@ import pandas as pd
 
 from attnres import traits
 from attnres.tracking.states import EARLY
-from reports.evidence import BASELINE, CONTRAST, TOP_TWO, UNTESTABLE, Comparison, evidence_class, evidence_text
+from reports.evidence import (
+    BASELINE,
+    CONTRAST,
+    RESOLVED,
+    TOP_TWO,
+    UNTESTABLE,
+    Comparison,
+    evidence_class,
+    evidence_text,
+)
 from reports.tables import cause, ended_step
 
 
@@ -102,7 +111,7 @@ def _contrasts(tests: list[Comparison]) -> list[Finding]:
             if len(added) > 1:
                 text += f" Confounded: it adds {len(added)} traits at once, so this cannot say which acts."
             expects = {traits.BY_NAME[t].expects for t in added}
-            if traits.COSTS_LITTLE in expects and traits.HELPS not in expects and cls == "resolved":
+            if traits.COSTS_LITTLE in expects and traits.HELPS not in expects and cls == RESOLVED:
                 text += " It was built to save cost and costs no quality here."
             f.sentences.append((text, cls))
         out.append(f)

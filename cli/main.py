@@ -6,7 +6,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich import box
@@ -16,7 +16,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from attnres.errors import AttnresError
 from cli.app import BudgetOpt, CellOpt, DataOpt, DbOpt, ExperimentOpt, PresetOpt, TunedOpt, app, console, err
 from cli.bars import RunBars
-from cli.render import show_cell, show_submitted, stopped
+from cli.render import show_cell, submit
+
+if TYPE_CHECKING:
+    from attnres.backends import Submitted
 
 
 @app.command()
@@ -78,7 +81,7 @@ def launch(
 
     `--set lr=3e-4,1e-3` sweeps a setting (several swept settings make a product)."""
     from attnres import orchestrator, planning
-    from attnres.backends import Placement, QueueStopped, trainer_command
+    from attnres.backends import Placement, trainer_command
     from attnres.tracking.db import get_engine, normalize_url
 
     placement = Placement(nproc, gpus_per_run, nodes, gpus_per_node, partition, time_limit,
@@ -95,15 +98,7 @@ def launch(
             console.print("  " + shlex.join(cmd), soft_wrap=True, markup=False)
     if dry_run or all(c.skip for c in cells):
         return
-    bars = RunBars(engine)
-    try:
-        _, done = orchestrator.launch(engine, url, req, cells, detach=detach, on_queued=bars.watch)
-    except QueueStopped as stop:
-        bars.close()
-        stopped(stop)
-    finally:
-        bars.close()
-    show_submitted(engine, done)
+    submit(engine, lambda bars: orchestrator.launch(engine, url, req, cells, detach=detach, on_queued=bars.watch)[1])
 
 
 def key_values(items: list[str], option: str) -> dict[str, str]:
@@ -126,20 +121,15 @@ def resume(
 ) -> None:
     """Continue interrupted runs (failed, killed, preempted) from their last checkpoint."""
     from attnres import orchestrator
-    from attnres.backends import QueueStopped
     from attnres.tracking.db import get_engine, normalize_url
 
     engine = get_engine(db, create=False)
-    bars = RunBars(engine)
-    bars.watch(list(run))
-    try:
-        done = orchestrator.resume(engine, normalize_url(db), run, detach=detach, restart=restart, on_tick=bars.tick)
-    except QueueStopped as stop:
-        bars.close()
-        stopped(stop)
-    finally:
-        bars.close()
-    show_submitted(engine, done)
+
+    def start(bars: RunBars) -> Submitted:
+        bars.watch(list(run))
+        return orchestrator.resume(engine, normalize_url(db), run, detach=detach, restart=restart, on_tick=bars.tick)
+
+    submit(engine, start)
 
 
 @app.command()

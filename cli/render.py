@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import typer
 
 from cli.app import console, err
+from cli.bars import RunBars
 
 if TYPE_CHECKING:
     from attnres.backends import Submitted
@@ -46,3 +48,19 @@ def show_submitted(engine: object, done: Submitted) -> None:
         console.print(f"run {run_id}: [{color}]{status}[/] (log: {log})")
     if any(s != states.FINISHED for s in results.values()):
         raise typer.Exit(1)
+
+
+def submit(engine: object, start: Callable[[RunBars], Submitted]) -> None:
+    """Start runs with ``start`` (given the progress bars to feed), then say what it did: the one place the
+    verbs that start runs (launch, resume, next --launch) handle their bars and a Ctrl-C (one line, exit 130)."""
+    from attnres.backends import QueueStopped
+
+    bars = RunBars(engine)
+    try:
+        done = start(bars)
+    except QueueStopped as stop:
+        bars.close()
+        stopped(stop)
+    finally:
+        bars.close()
+    show_submitted(engine, done)

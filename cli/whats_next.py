@@ -9,8 +9,7 @@ import typer
 from rich.text import Text
 
 from cli.app import BudgetOpt, CellOpt, DataOpt, DbOpt, ExperimentOpt, PresetOpt, app, console
-from cli.bars import RunBars
-from cli.render import show_cell, show_submitted, stopped
+from cli.render import show_cell, submit
 
 
 @app.command("next")
@@ -35,7 +34,6 @@ def next_cmd(
     """What's Next for one scope (default: the latest): the runs that resolve its open comparisons (seeds per
     arm from a power calculation), what is running, what was never run, retries for what failed."""
     from attnres import orchestrator, planning
-    from attnres.backends import QueueStopped
     from attnres.grid import parse_pick
     from attnres.tracking.db import get_engine, normalize_url
     from attnres.variants import canonical
@@ -66,13 +64,6 @@ def next_cmd(
     for _, planned in batches:
         for c in planned:
             show_cell(c)
-    bars = RunBars(engine)
-    try:
-        _, done = orchestrator.launch_plan(engine, normalize_url(db), batches, plan.registration_of(kinds),
-                                           detach=detach, on_queued=bars.watch)
-    except QueueStopped as stop:
-        bars.close()
-        stopped(stop)
-    finally:
-        bars.close()
-    show_submitted(engine, done)
+    registration, url = plan.registration_of(kinds), normalize_url(db)
+    submit(engine, lambda bars: orchestrator.launch_plan(engine, url, batches, registration, detach=detach,
+                                                         on_queued=bars.watch)[1])

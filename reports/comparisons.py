@@ -57,9 +57,8 @@ def document(runs: pd.DataFrame, evals: pd.DataFrame, baseline: str, budget: int
     comparisons the plan will add, which the seeds it plans must already allow for)."""
     out: list[Comparison] = []
     done: set[tuple[str, str]] = set()
-    groups = [g for g in (main, deep) if g is not None]
-    for group in groups:
-        rows = _rows(group.table)
+    groups = [(g, _rows(g.table)) for g in (main, deep) if g is not None]  # each group's rows, read once
+    for group, rows in groups:
         if baseline not in rows:
             continue
         ranked = group.table[group.table["mark"] == ""].sort_values("eval", kind="stable")
@@ -71,7 +70,7 @@ def document(runs: pd.DataFrame, evals: pd.DataFrame, baseline: str, budget: int
     ranked = [v for v in main.table[main.table["mark"] == ""].sort_values("eval", kind="stable")["variant"]
               if v != baseline]
     if len(ranked) >= 2:
-        rows = _rows(main.table)
+        rows = groups[0][1]
         out.append(assess(Comparison(ranked[0], ranked[1], TOP_TWO, main.step, main.partial),
                           rows[ranked[0]], rows[ranked[1]], runs, plans))
         done |= {(ranked[0], ranked[1]), (ranked[1], ranked[0])}
@@ -79,9 +78,9 @@ def document(runs: pd.DataFrame, evals: pd.DataFrame, baseline: str, budget: int
         if (a, b) in done or (b, a) in done:  # (with another baseline, a contrast may be a primary test)
             continue
         done.add((a, b))
-        group = next((g for g in groups if {a, b} <= set(_rows(g.table))), None)
+        group, rows = next(((g, r) for g, r in groups if {a, b} <= set(r)), (None, {}))
         if group is not None:
-            rows, step, partial = _rows(group.table), group.step, group.partial
+            step, partial = group.step, group.partial
         else:
             step = _pair_step(runs, evals, a, b)
             if step is None:

@@ -141,7 +141,8 @@ class GPT(nn.Module):
         return logits, loss
 
     def num_params(self) -> dict[str, int]:
-        """Unique parameter counts (tied weights once): total, and the residual path's extra."""
+        """Unique parameter counts (tied weights once): total, without the (tied) token embedding, and the
+        residual path's extra."""
         total = sum(p.numel() for p in self.parameters())
         extra = sum(p.numel() for p in self.residual.parameters())
-        return {"total": total, "residual_extra": extra}
+        return {"total": total, "non_embedding": total - self.embed.weight.numel(), "residual_extra": extra}

@@ -22,7 +22,7 @@ from attnres.logline import exit_now
 from attnres.tracking import launches, store
 from attnres.tracking.db import get_engine
 from attnres.training import distributed
-from attnres.training.loop import NullRecorder, train
+from attnres.training.loop import NullRecorder, speed_conditions, train
 from attnres.training.recorder import open_recorder
 from attnres.variants import check_revision, resolve_run
 
@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
             box = [run_id]
             dist.broadcast_object_list(box)
             run_id = box[0]
-    recorder = open_recorder(engine, run_id, d.world, d.describe()) if d.is_rank0 else NullRecorder()
+    recorder = open_recorder(engine, run_id, d.world, d.describe(), speed_conditions(cfg.train, d)) \
+        if d.is_rank0 else NullRecorder()
     try:
         check_revision(cfg, run_id)  # a run recorded by older code is not continued by this one
         ending = train(cfg, d, recorder, paths.checkpoints_dir(run_id), fresh=args.fresh)

@@ -18,6 +18,8 @@ One row per metric point, long format:
     message  optional  why it ended (a failed or killed run's cause)
     launch   optional  which runs were launched together (a stage: see attnres.tracking.launches);
                        without it, the runs a file creates are one stage
+    conditions  optional  what its throughput depends on: a JSON list of objects with device,
+                       world_size, threads, compile, dtype (attnres.tracking.speed); on any one row
 
 Depth-attention maps travel as keys ``depth:SITE:SOURCE`` (see attnres.tracking.depth_maps).
 
@@ -58,8 +60,11 @@ def export(engine: Engine, out: Path, fmt: str = "csv", experiment: str | None =
     metrics = store.all_metrics(engine, runs["id"].tolist())
     cols = ["variant", "seed", "status", "preset", "experiment", "total_steps", "device", "message", "launch"]
     metrics = metrics.join(runs.rename(columns={"launch_id": "launch"}).set_index("id")[cols], on="run_id")
+    # a run's conditions (JSON, see attnres.tracking.speed) on its first row only: the column stays small
+    first = ~metrics["run_id"].duplicated()
+    metrics["conditions"] = metrics["run_id"].map(runs.set_index("id")["conditions_json"]).where(first)
     metrics.insert(0, "run", "run-" + metrics.pop("run_id").astype(str))
-    metrics = metrics[["run", "variant", "seed", "step", "key", "value", *cols[2:]]]
+    metrics = metrics[["run", "variant", "seed", "step", "key", "value", *cols[2:], "conditions"]]
     paths = [out / f"runs.{fmt}", out / f"metrics.{fmt}"]
     for frame, path in zip([runs, metrics], paths, strict=True):
         frame.to_csv(path, index=False) if fmt == "csv" else frame.to_parquet(path, index=False)
@@ -118,10 +123,22 @@ def read_import(path: Path) -> pd.DataFrame:
             raise AttnresError(f"{path}: row {bad[0] + 1}: total_steps '{df['total_steps'].iloc[bad[0]]}' is not "
                                f"an integer from 1 to {INT_MAX}")
         df["total_steps"] = numbers
-    for col in ("preset", "experiment", "device", "message"):
+    for col in ("preset", "experiment", "device", "message", "conditions"):
         if col in df.columns:
             df[col] = [None if pd.isna(v) else str(v) for v in df[col]]
+    for i, text in enumerate(df["conditions"] if "conditions" in df.columns else []):
+        if text is not None and not _conditions_ok(text):
+            raise AttnresError(f"{path}: row {i + 1}: conditions '{text[:80]}' is not a JSON list of objects "
+                               "(what `attnres export` writes: device, world_size, threads, compile, dtype)")
     return df
+
+
+def _conditions_ok(text: str) -> bool:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(value, list) and all(isinstance(x, dict) for x in value)
 
 
 def _given(grp: pd.DataFrame, col: str) -> object:
@@ -177,7 +194,7 @@ def import_file(engine: Engine, path: Path, df: pd.DataFrame | None = None) -> d
                 total_steps=budget, step=last, created_at=store.now(), backend=IMPORTED,
                 ended_at=None if status in states.ACTIVE else store.now(), world_size=1,
                 stop_step=last if status not in (*states.ACTIVE, states.FINISHED) else None,
-                launch_id=stages[_given(grp, "launch")])
+                launch_id=stages[_given(grp, "launch")], conditions_json=_given(grp, "conditions"))
             created += 1
         store.log_metrics(engine, run_id, list(zip(grp["step"], grp["key"], grp["value"], strict=True)))
         store.summarize(engine, run_id)

@@ -20,46 +20,75 @@ PARAM_COLUMNS = ["step queries", "readout query", "key gains", "other"]
 PARAMS_NOTE = ("Depth-attention parameters. step queries: those of the layers' (or sublayers') sites, "
                "low-rank query factors included; readout query: the mix before the final norm has a query "
                "of its own (block_mqa_depth shares its one query with it); key gains: the key norm's gains; "
-               "other: ALiBi slopes, the value projection; depth: their sum; total: the whole model. "
-               "sources: how many tensors a site attends over (fewest-most). The first layer's site attends "
-               "to the embedding alone, so its query row has no effect.")
+               "other: ALiBi slopes, the value projection; depth: their sum; total: the whole model (the "
+               "output layer is tied to the token embedding); non-embedding: without the token embedding; "
+               "total vs control_block: the difference of the total. sources: how many tensors a site attends "
+               "over (fewest-most). The first layer's site attends to the embedding alone, so its query row "
+               "has no effect.")
+REFERENCE = "control_block"
+
+
+def changes(name: str) -> str:
+    """Exactly what a variant changes against control_block, from its traits (every field of its spec)."""
+    from attnres.traits import traits_of
+
+    if name == REFERENCE:
+        return "— (the reference: block AttnRes as the results document runs it)"
+    have = traits_of(name)
+    if "depth_attention" not in have:
+        return "no depth attention: x = x + layer(x)" + (f"; {have['deep']}" if "deep" in have else "")
+    return "; ".join(value for trait, value in have.items() if trait != "depth_attention")
 
 
 def variant_rows(preset: str | None) -> list[dict[str, object]]:
-    """Name, description, revision and depth sources (min-max over sites); at a preset, parameters.
+    """Name, description, revision, what it changes against control_block and depth sources (min-max over
+    sites); at a preset, parameters.
 
     The plain listing is worked out from the configs alone (no torch, no model: it answers at once);
     parameter counts need the models, built on the meta device, so only ``--params`` builds them.
     """
     aliases = {v: [a for a, t in ALIASES.items() if t == v] for v in VARIANTS}
     rows = []
+    reference = model_params(resolve_run(REFERENCE, preset, 0).model) if preset else {}
     for name, v in VARIANTS.items():
         try:
             cfg = resolve_run(name, preset or "tiny", 0).model
         except AttnresError as exc:  # a deep variant on a preset that is already deep
             rows.append({"variant": name, "shape": "refused", "sources": "—", **dict.fromkeys(PARAM_COLUMNS, "—"),
-                         "depth": "—", "total": f"{exc}".split(": ")[-1]})
+                         "depth": "—", "total": f"{exc}".split(": ")[-1], "non-embedding": "—",
+                         "total vs control_block": "—"})
             continue
         counts = depth_sources(cfg)
         sources = f"{min(counts)}-{max(counts)}" if counts else "all"
         if preset:  # a parameter table: the descriptions and aliases are in the plain listing
             rows.append({"variant": name, "shape": f"{cfg.n_layer}L d{cfg.d_model}", "sources": sources,
-                         **_param_columns(cfg)})
+                         **_param_columns(cfg, reference)})
         else:
             rows.append({"variant": name + (f" ({', '.join(aliases[name])})" if aliases[name] else ""),
-                         "rev": v.revision, "description": v.description, "depth sources": sources})
+                         "rev": v.revision, "description": v.description, "changes vs control_block": changes(name),
+                         "depth sources": sources})
     return rows
 
 
-def _param_columns(cfg: ModelConfig) -> dict[str, str]:
-    """A model's depth-attention parameters by job, their sum and the model's total (built on meta)."""
+def model_params(cfg: ModelConfig) -> dict[str, int]:
+    """A model's parameter counts (total, non_embedding, residual_extra and the depth split), built on the
+    meta device: no memory, no time, whatever the size."""
     import torch
 
     from attnres.model import GPT
 
     with torch.device("meta"):
         model = GPT(cfg)
-    params = model.num_params()
     split = model.residual.param_counts() if hasattr(model.residual, "param_counts") else {}
-    row = {key: f"{split[key]:,}" if split else "—" for key in PARAM_COLUMNS}
-    return {**row, "depth": f"{params['residual_extra']:,}", "total": f"{params['total'] / 1e6:,.1f}M"}
+    return {**model.num_params(), **split}
+
+
+def _param_columns(cfg: ModelConfig, reference: dict[str, int]) -> dict[str, str]:
+    """A model's depth-attention parameters by job, their sum, the model's total, without its embedding, and
+    its difference from control_block's total."""
+    params = model_params(cfg)
+    row = {key: f"{params[key]:,}" if key in params else "—" for key in PARAM_COLUMNS}
+    diff = params["total"] - reference["total"]
+    return {**row, "depth": f"{params['residual_extra']:,}", "total": f"{params['total'] / 1e6:,.2f}M",
+            "non-embedding": f"{params['non_embedding'] / 1e6:,.2f}M",
+            "total vs control_block": f"{diff:+,} ({diff / reference['total']:+.2%})" if diff else "0"}

@@ -12,6 +12,10 @@ earlier revision as done, and a run of an earlier revision is never resumed by n
   decay; under bf16 autocast the depth logits, softmax, block and partial sums and the mix are
   float32; block_gqa_depth's effective query is one per group of 4 layers (key gains moved to the
   block sources); block_rope_depth rotates with base = number of depth positions.
+* revision 3 (block_gqa_depth, block_mqa_depth): clean ablations of control_block. Each changes only
+  who owns the queries; the keys are control_block's again (a gain per layer), where revision 2 also
+  moved the gains to the sources, a second change that confounded "query sharing costs little". The
+  per-source gain is its own variant, block_source_gain. Runs of revision 2 are listed as not compared.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from attnres.errors import AttnresError, unknown
 BLOCK = ResidualSpec(kind="depth", block_size=3, reduce="mean", partial=True)
 DEEP_WIDTH_RATIO = 1080 / 1536  # the document's 48L d1080 vs 24L d1536
 _DEPTH_REVISION = 2  # see the module docstring
+_ABLATION_REVISION = 3  # block_gqa_depth and block_mqa_depth: control_block's keys (see the module docstring)
 
 
 @dataclass(frozen=True)
@@ -105,11 +110,10 @@ VARIANTS: dict[str, Variant] = {
             "block_gqa_depth",
             "control_block with grouped queries: one query per group of 4 consecutive layers (layers "
             "0-3, 4-7, ...; groups do not follow the blocks of 3, their boundaries meet every 12 layers), "
-            "plus one for the readout: 4x fewer layer-query parameters when the layers divide by 4. Keys "
-            "stay per block: the key gain "
-            "belongs to the source (one per depth position: embedding, block k), not to the layer, so "
-            "nothing per layer scales the query.",
-            replace(BLOCK, query="group", query_group=4, key_gain="source"), revision=_DEPTH_REVISION,
+            "plus one for the readout: 4x fewer layer-query parameters when the layers divide by 4. Keys as "
+            "control_block's (a gain per layer), so this is query sharing alone; the per-layer gain still "
+            "scales the shared query's match per layer (block_source_gain moves the gains to the sources).",
+            replace(BLOCK, query="group", query_group=4), revision=_ABLATION_REVISION,
         ),
         Variant(
             "block_rope_depth",
@@ -134,9 +138,16 @@ VARIANTS: dict[str, Variant] = {
         ),
         Variant(
             "block_mqa_depth",
-            "Proposed: multi-query depth attention. One query shared by every layer and the readout; "
-            "keys per block, RMSNorm(summary) * a learned gain owned by the block's depth position.",
-            replace(BLOCK, query="shared", key_gain="source"), revision=_DEPTH_REVISION,
+            "Proposed: multi-query depth attention. control_block with one query shared by every layer "
+            "and the readout; keys as control_block's (a gain per layer), so this is the single query alone.",
+            replace(BLOCK, query="shared"), revision=_ABLATION_REVISION,
+        ),
+        Variant(
+            "block_source_gain",
+            "control_block with the key gains owned by the depth position (embedding, block k) instead of "
+            "the layer: per-layer gains are redundant with per-layer queries; this tests that key "
+            "parameterisation on its own.",
+            replace(BLOCK, key_gain="source"), revision=_DEPTH_REVISION,
         ),
         Variant(
             "attnres_paper",

@@ -35,7 +35,7 @@ def variants(
     table = Table(title=f"Residual variants{f' at {preset}' if params else ''}", show_lines=not params,
                   box=box.SIMPLE_HEAD if params else box.HEAVY_HEAD, pad_edge=False)
     for col in rows[0]:
-        text = col in {"variant", "description"}
+        text = col in {"variant", "description", "changes vs control_block"}
         table.add_column(col, overflow="fold", justify="left" if text else "right", no_wrap=not text)
     for row in rows:
         table.add_row(*[str(v) for v in row.values()])

@@ -68,6 +68,9 @@ def bench(
     processes: Annotated[bool, typer.Option("--processes", help="bench errors: run `attnres import` and `attnres "
                                             "report` as processes (slower), not in this one")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+    record: Annotated[bool, typer.Option("--record/--no-record", help="variants: keep the result in the database, "
+                                         "where reports take speed costs from it")] = True,
+    db: DbOpt = None,
 ) -> None:
     """Benchmarks measured side by side in one process: variants vs standard, data preparation, reports."""
     import json
@@ -114,7 +117,7 @@ def bench(
             table.add_row(k, f"{v:,.3f}" if isinstance(v, float) else f"{v:,}")
         console.print(table)
         return
-    from attnres.bench.variants import TARGETS, bench_models
+    from attnres.bench.variants import TARGETS, bench_models, store_session
 
     names = list(target or TARGETS)
     from rich.progress import Progress, TextColumn, TimeElapsedColumn  # (not on status's path)
@@ -124,6 +127,11 @@ def bench(
         task = bar.add_task("building models")
         rows = bench_models(names, preset, 10 if steps is None else steps, warmup, set_, device,
                             progress=lambda msg: bar.update(task, description=msg))
+    session = None
+    if record:
+        from attnres.tracking.db import get_engine
+
+        session = store_session(get_engine(db), rows, preset, set_, 10 if steps is None else steps)
     if json_out:
         console.print_json(json.dumps(rows))
         return
@@ -143,6 +151,9 @@ def bench(
         table.add_row(r["variant"], f"{r['n_layer']}L d{r['d_model']}", f"{r['tokens_per_s']:,.0f}", speed, spread,
                       peak, f"{r['saved_bytes_per_token']:,.0f}", saved, meets)
     console.print(table)
+    if session is not None:
+        console.print(f"recorded as bench {session} ({r0['device_model']}, {r0['threads']} thread(s)): reports "
+                      "take speed costs from it where the runs they compare trained under different conditions")
 
 
 @app.command()

@@ -7,6 +7,7 @@ database (through :mod:`attnres.tracking.reads`) -> DataFrames -> the pure modul
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,12 +18,14 @@ from matplotlib.figure import Figure
 from sqlalchemy import URL, Engine
 
 from attnres import traits
+from attnres.config import ModelConfig, RunConfig
 from attnres.errors import AttnresError
 from attnres.planning import git_commit
-from attnres.tracking import depth_maps, launches
+from attnres.tracking import depth_maps, launches, speed
 from attnres.tracking.reads import Results, load_results, run_table
 from attnres.tracking.states import EARLY
-from attnres.variants import VARIANTS, canonical
+from attnres.variant_info import model_params
+from attnres.variants import VARIANTS, canonical, resolve_run
 from reports import compare as cmp
 from reports.analysis import analyse
 from reports.document import Inputs, assemble, report_parts
@@ -97,6 +100,44 @@ def db_args(engine: Engine) -> list[str]:
     return [] if same else ["--db", public_url(engine)]
 
 
+def _model(variant: str, config_json: object, preset: str) -> ModelConfig | None:
+    """The model a run trained (its recorded config), or, for a run recorded elsewhere, the variant's model
+    at ``preset``; None when neither is known here."""
+    config = json.loads(config_json) if isinstance(config_json, str) and config_json else {}
+    try:
+        if "model" in config:
+            return RunConfig.from_dict(config).model
+        return resolve_run(variant, preset, 0).model
+    except (AttnresError, KeyError, TypeError, ValueError):
+        return None
+
+
+def variant_params(runs: pd.DataFrame, preset: str) -> dict[str, dict[str, int]]:
+    """Each variant's parameter counts as its runs trained it (total, non-embedding, ...; built on meta)."""
+    out = {}
+    for variant, grp in runs.groupby("variant", sort=False):
+        model = _model(str(variant), grp["config_json"].iloc[0], preset)
+        if model is not None:
+            out[str(variant)] = model_params(model)
+    return out
+
+
+def benches_for(engine: Engine, runs: pd.DataFrame, preset: str) -> pd.DataFrame:
+    """The stored bench rows that measured these runs' models: the scope's preset, and each variant at the
+    shape (layers, width) its runs trained, where they recorded one."""
+    rows = speed.benchmarks(engine, preset)
+    if rows.empty:
+        return rows
+    shapes = {}
+    for variant, grp in runs.groupby("variant", sort=False):
+        config = json.loads(grp["config_json"].iloc[0] or "{}")
+        if "model" in config:
+            shapes[str(variant)] = (int(config["model"]["n_layer"]), int(config["model"]["d_model"]))
+    keep = [shapes.get(v, (n, d)) == (n, d) for v, n, d in zip(rows["variant"], rows["n_layer"], rows["d_model"],
+                                                               strict=True)]
+    return rows[keep].reset_index(drop=True)
+
+
 def launch_plans(engine: Engine) -> dict[int, dict]:
     """Launch id -> what ``attnres next`` pre-registered for it (its planned comparisons and seeds)."""
     frame = launches.frame(engine)
@@ -124,7 +165,8 @@ def write_report(engine: Engine, out: Path, baseline: str = "standard", step: in
     inp = Inputs(res.runs, res.evals, scope, {v.name: v.description for v in VARIANTS.values()}, traits.deep_variants(),
                  baseline, step, res.maps, provenance(engine, res.runs), notes=notes, others=others,
                  tuning=tuning_markdown(table, tuned) if table is not None else "", plans=launch_plans(engine),
-                 max_seeds=max_seeds, db=db_args(engine))
+                 max_seeds=max_seeds, db=db_args(engine), benches=benches_for(engine, res.runs, scope.preset),
+                 params=variant_params(res.runs, scope.preset))
     try:
         before, after = report_parts(inp)  # first the text: bad data fails here, before any file is written
         if plots:

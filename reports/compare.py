@@ -10,6 +10,8 @@ import pandas as pd
 from statsmodels.stats.multitest import multipletests
 
 from attnres.config import flatten
+from attnres.tracking.speed import CONDITIONS
+from reports import costs
 from reports.stats import ReportError, finite, mean_ci, versus
 
 
@@ -33,7 +35,8 @@ def aligned_evals(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str]) 
 def seed_stats(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str], step: int) -> pd.DataFrame:
     """Per variant at ``step``: seeds, mean, std, 95% CI; against the first: Δ, Welch t/p with its
     Holm-adjusted p over the variants compared with the first (statsmodels), the paired test over shared
-    seeds, and the seeds per arm an exact t-test power calculation asks for."""
+    seeds, and the seeds per arm an exact power calculation asks for, for the test they would face (paired
+    when the arms share seeds: :func:`reports.stats.seed_plan`), also at the spread's 80% upper bound."""
     at = finite(evals)[lambda e: e["step"] == step].merge(runs[["id", "variant", "seed"]], left_on="run_id",
                                                            right_on="id")
     by_seed = {v: dict(zip(g["seed"], g["value"], strict=True)) for v, g in at.groupby("variant")}
@@ -42,12 +45,13 @@ def seed_stats(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str], ste
     for v in variants:
         mine = by_seed.get(v, {})
         mean, std, lo, hi = mean_ci(np.array(list(mine.values())))
-        ev = versus(mine, ref) if v != variants[0] else dict.fromkeys(["t", "p", "paired_t", "paired_p",
-                                                                      "seeds_needed"], math.nan) | {"pairs": 0}
+        ev = versus(mine, ref) if v != variants[0] else dict.fromkeys(
+            ["t", "p", "paired_t", "paired_p", "seeds_needed", "seeds_upper"], math.nan) | {"pairs": 0, "design": ""}
         delta = mean - float(np.mean(list(ref.values()))) if ref and mine else math.nan
         rows.append({"variant": v, "seeds": len(mine), "mean": mean, "std": std, "ci_low": lo, "ci_high": hi,
                      "delta": delta, "welch_t": ev["t"], "welch_p": ev["p"], "paired_n": ev["pairs"],
-                     "paired_t": ev["paired_t"], "paired_p": ev["paired_p"], "seeds_needed": ev["seeds_needed"]})
+                     "paired_t": ev["paired_t"], "paired_p": ev["paired_p"], "seeds_needed": ev["seeds_needed"],
+                     "seeds_if_sd_80pct_high": ev["seeds_upper"], "seeds_for_test": ev["design"]})
     out = pd.DataFrame(rows)
     out.insert(out.columns.get_loc("welch_p") + 1, "holm_p", math.nan)
     tested = out.index[out["welch_p"].notna()]
@@ -71,11 +75,20 @@ def config_diff(runs: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
 
 
 def cost(runs: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
-    """Mean throughput and peak memory per variant, with change vs the first (%)."""
-    g = runs[runs["variant"].isin(variants)].groupby("variant")[["tokens_per_s", "peak_memory_bytes"]].mean()
-    g = g.reindex(variants)
-    g["tok/s vs first %"] = (g["tokens_per_s"] / g["tokens_per_s"].iloc[0] - 1) * 100
-    g["memory vs first %"] = (g["peak_memory_bytes"] / g["peak_memory_bytes"].iloc[0] - 1) * 100
+    """Mean throughput and peak memory per variant, with change vs the first (%) where both were measured
+    under the same conditions (:mod:`reports.costs`); otherwise the change is left out and ``measured``
+    says what differs (`attnres report` then takes speed from a stored bench)."""
+    mine = runs[runs["variant"].isin(variants)]
+    g = mine.groupby("variant")[["tokens_per_s", "peak_memory_bytes"]].mean().reindex(variants)
+    column = mine["conditions_json"] if "conditions_json" in mine else pd.Series(None, index=mine.index)
+    sets = {v: [costs.condition_sets(c) for c in column[mine["variant"] == v]] for v in variants}
+    first = variants[0]
+    speed_ok = [costs.alike(sets[v], sets[first], CONDITIONS) for v in variants]
+    memory_ok = [costs.alike(sets[v], sets[first], costs.MEMORY_CONDITIONS) for v in variants]
+    g["tok/s vs first %"] = ((g["tokens_per_s"] / g["tokens_per_s"].iloc[0] - 1) * 100).where(speed_ok)
+    g["memory vs first %"] = ((g["peak_memory_bytes"] / g["peak_memory_bytes"].iloc[0] - 1) * 100).where(memory_ok)
+    g["measured"] = ["alike" if ok else "not comparable: " + costs.differences(sets[v], sets[first], CONDITIONS)
+                     for v, ok in zip(variants, speed_ok, strict=True)]
     return g.reset_index()
 
 

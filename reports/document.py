@@ -43,6 +43,8 @@ class Inputs:
     plans: Mapping[int, dict] = field(default_factory=dict)  # launch id -> what `attnres next` pre-registered
     max_seeds: int = whats_next.MAX_SEEDS  # seeds per arm What's Next asks for at most
     db: list[str] = field(default_factory=list)  # ["--db", URL] for What's Next's commands (not the default db)
+    benches: pd.DataFrame = field(default_factory=pd.DataFrame)  # stored `attnres bench` rows of the preset
+    params: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # variant -> total, non_embedding
 
 
 def _md(df: pd.DataFrame) -> str:
@@ -81,11 +83,22 @@ def variants_section(inp: Inputs) -> str:
     rows = pd.DataFrame({
         "Variant": names,
         "Description": [inp.descriptions.get(v, "(not in this attnres's registry)") for v in names],
+        "Parameters": [params_text(inp.params.get(v)) for v in names],
         "Runs": [run_summary(inp.runs[inp.runs["variant"] == v]) for v in names],
     })
     missing = [v for v in inp.descriptions if v not in present]
     tail = f"\nNot run in this scope: {', '.join(missing)}.\n" if missing else ""
-    return "## Variants\n\n" + _md(rows) + "\n" + tail
+    counted = (f"\nParameters: as trained at preset {inp.scope.preset} (the output layer is tied to the token "
+               "embedding; non-embedding leaves the embedding out); `attnres variants --params --preset "
+               f"{inp.scope.preset}` splits the depth attention's.\n") if inp.params else ""
+    return "## Variants\n\n" + _md(rows) + "\n" + counted + tail
+
+
+def params_text(counts: Mapping[str, int] | None) -> str:
+    """'757.2M (680.0M non-embedding)', or — where the model is not known here."""
+    if not counts:
+        return "—"
+    return f"{counts['total'] / 1e6:,.1f}M ({counts['non_embedding'] / 1e6:,.1f}M non-embedding)"
 
 
 def _where(choice: Choice, budget: int) -> str:
@@ -162,7 +175,8 @@ def deep_section(inp: Inputs, a: Analysis, members: list[str]) -> str:
         return head + ("\nNo deep variant has an eval at a step the baseline has yet"
                        + (f": {waiting}" if waiting else "") + ".\n")
     assert a.deep is not None
-    text = [head, f"Comparison {_where(a.deep, inp.scope.budget)}.\n", _md(family(a.deep_table, inp.baseline)) + "\n"]
+    text = [head, f"Comparison {_where(a.deep, inp.scope.budget)}.\n",
+            _md(family(a.deep_table, inp.baseline, params=inp.params)) + "\n"]
     text += [f"{n}\n" for n in _progress_notes(a.deep)]
     return "\n".join(text)
 
@@ -178,9 +192,9 @@ def cost_section(a: Analysis, baseline: str) -> str:
     base = baseline_row(a.table, baseline)
     mem = base["peak_memory_bytes"]
     mem_txt = f"{mem / 2**30:.2f} GiB" if isinstance(mem, float) and math.isfinite(mem) else "unknown"
-    return (f"## Cost/Benefit Summary\n\n{_md(a.verdicts)}\n\nSpeed cost = change in tok/s vs "
-            f"{baseline}. Memory cost = change in peak memory vs {baseline} ({mem_txt}).\n\n{STARS_RULE}\n\n"
-            f"{RULE}\n")
+    return (f"## Cost/Benefit Summary\n\n{_md(a.verdicts)}\n\nSpeed = change in tok/s vs {baseline} (−: slower). "
+            f"Memory = change in peak memory vs {baseline} ({mem_txt}; +: more). {a.verdicts.attrs.get('note', '')}"
+            f"\n\n{STARS_RULE}\n\n{RULE}\n")
 
 
 def maps_section(inp: Inputs) -> str:
@@ -213,7 +227,8 @@ def report_parts(inp: Inputs, title: str = "AttnRes: Attention Over the Residual
     if inp.baseline not in set(inp.runs["variant"]):
         raise ReportError(f"no runs of the baseline '{inp.baseline}' in {inp.scope.label()}; run it or pass --baseline")
     deep = [v for v in inp.deep if v != inp.baseline]
-    a = analyse(inp.runs, inp.evals, inp.scope, inp.baseline, deep, inp.step, inp.plans, inp.max_seeds, inp.db)
+    a = analyse(inp.runs, inp.evals, inp.scope, inp.baseline, deep, inp.step, inp.plans, inp.max_seeds, inp.db,
+                benches=inp.benches)
     parts = [f"# {title}\n", header(inp), variants_section(inp), inp.tuning, main_section(inp, a),
              ended_section(inp.runs)]
     parts.append(multi_seed_section(multi_seed(inp.runs, a.table, inp.baseline, a.main.step), inp.baseline,

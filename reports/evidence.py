@@ -13,10 +13,10 @@ Three rules keep a document's "resolved" honest (see :data:`METHOD`):
   the *primary* family is every variant against the baseline and the two best variants against each
   other; the Interpretation's contrasts between two variants are the *secondary* family.
 
-Seeds per arm to resolve come from an exact two-sample t-test power calculation (noncentral t, power
-0.8) at the level the next look of that comparison will face in its family (α/2^k / m, Holm's
-strictest step), with the arms' own spread, or the scope's pooled seed spread when neither arm has two
-seeds.
+The test is paired (per-seed differences) when both arms hold the same seeds, Welch's otherwise.
+Seeds per arm to resolve come from an exact power calculation (noncentral t, power 0.8) for the test
+the next look will make (paired when the arms share seeds, as plans pair them) at the level it will
+face in its family (α/2^k / m, Holm's strictest step), and again at the spread's 80% upper bound.
 """
 
 from __future__ import annotations
@@ -30,25 +30,29 @@ import pandas as pd
 from statsmodels.stats.multitest import multipletests
 
 from attnres.tracking.states import ACTIVE, PREEMPTED
-from reports.stats import ALPHA, mean_ci, seeds_needed, welch
+from reports.stats import ALPHA, PAIRED, WELCH, design, flat, seed_plan, shown, test_p
+from reports.stats import need_text as _need_text
 from reports.tables import num
 
 PRIMARY, SECONDARY = "primary", "secondary"
 BASELINE, TOP_TWO, CONTRAST = "vs baseline", "top two", "contrast"
 RESOLVED, CONTRADICTED, SUGGESTIVE, UNTESTABLE = "resolved", "contradicted", "suggestive", "not yet testable"
 
-METHOD = ("Tests: Welch's t-test on the eval loss of the seeds of complete stages (a stage is the runs of one "
-          "launch; while one is still running, a comparison it adds seeds to waits for it). A test decides only at "
-          "the runs' last step: one at an earlier step (partial, --step, or a run that ended early) is interim and "
-          "resolves nothing, as each eval step would otherwise be one more look. Each stage that added seeds to a "
-          "testable comparison is one more look, and look k may spend α/2^k, so that any number of looks spends at "
-          "most α = 0.05 in all (a p-value enters as min(1, p·2^k)). Family-wise control: Holm–Bonferroni "
+METHOD = ("Tests: on the eval loss of the seeds of complete stages, a paired t-test over the per-seed differences "
+          "when both arms hold the same seeds (same seed, same data order), else Welch's t-test (a stage is the runs "
+          "of one launch; while one is still running, a comparison it adds seeds to waits for it). A test decides "
+          "only at the runs' last step: one at an earlier step (partial, --step, or a run that ended early) is "
+          "interim and resolves nothing, as each eval step would otherwise be one more look. Each stage that added "
+          "seeds to a testable comparison is one more look, and look k may spend α/2^k, so that any number of looks "
+          "spends at most α = 0.05 in all (a p-value enters as min(1, p·2^k)). Family-wise control: Holm–Bonferroni "
           "(statsmodels multipletests) over the primary family (each variant against the baseline, and the two best "
           "against each other) and, separately, over the Interpretation's contrasts. Arms without any spread are "
-          "untested (Welch's p would be 0 for any Δ). Seeds per arm to resolve: an exact two-sample t-test "
-          "(noncentral t, power 0.8) at the level the comparison's next decision will face, α/2^k divided by its "
-          "family's size once the plan's never-run variants join it, with the arms' spread (or the scope's pooled "
-          "seed spread when neither arm has two seeds) and the observed Δ; ~ because both rest on few seeds.")
+          "untested (the p-value would be 0 for any Δ). Seeds per arm to resolve: exact power 0.8 (noncentral t) at "
+          "the level the comparison's next decision will face, α/2^k divided by its family's size once the plan's "
+          "never-run variants join it, for the observed Δ and the test it will face: paired (σ of the per-seed "
+          "differences) when the arms share 2+ seeds, as a plan adds the same seeds to both; otherwise Welch with "
+          "the arms' spread (or the scope's pooled seed spread when neither arm has two seeds). A spread from a few "
+          "seeds is uncertain, so the count is also given at σ's 80% upper confidence bound (chi-square).")
 
 
 @dataclass
@@ -81,7 +85,10 @@ class Comparison:
     p_adj: float = math.nan
     resolved: bool = False
     need: float = math.nan  # seeds per arm to resolve
+    need_hi: float = math.nan  # ... if the spread is at its 80% upper bound
     pooled: bool = False  # ``need`` rests on the scope's pooled spread
+    design: str = WELCH  # the test of the latest look (PAIRED: the arms hold the same seeds)
+    plan_design: str = WELCH  # the test ``need`` is planned for
     flat: bool = False  # neither arm has any spread: a difference of means without a test
 
     @property
@@ -136,11 +143,12 @@ def assess(c: Comparison, row_a: pd.Series, row_b: pd.Series, runs: pd.DataFrame
     c.waiting = sorted((str(r.variant), int(r.seed), int(r.step)) for r in live.itertuples())
     tested = [(arm, seed, value, stage[r]) for arm, seed, value, r in seeds if stage[r] in complete]
     for s in complete:
-        a = [v for arm, _, v, st in tested if arm == 0 and st <= s]
-        b = [v for arm, _, v, st in tested if arm == 1 and st <= s]
+        a = {seed: v for arm, seed, v, st in tested if arm == 0 and st <= s}
+        b = {seed: v for arm, seed, v, st in tested if arm == 1 and st <= s}
         if any(st == s for *_, st in tested) and len(a) >= 2 and len(b) >= 2:
-            c.flat = np.ptp(a) == 0 and np.ptp(b) == 0  # (Welch's p would be 0 for any Δ: no test at all)
-            c.looks.append(Look(len(a), len(b), math.nan if c.flat else welch(np.array(a), np.array(b))[1]))
+            c.flat = flat(a, b)  # (the p-value would be 0 for any Δ: no test at all)
+            c.design = design(a, b)
+            c.looks.append(Look(len(a), len(b), math.nan if c.flat else test_p(a, b)))
     shown = tested if c.looks else [(arm, seed, value, 0) for arm, seed, value, _ in seeds]
     c.values_a = {seed: v for arm, seed, v, _ in shown if arm == 0}
     c.values_b = {seed: v for arm, seed, v, _ in shown if arm == 1}
@@ -158,8 +166,9 @@ def assess(c: Comparison, row_a: pd.Series, row_b: pd.Series, runs: pd.DataFrame
     return c
 
 
-def pooled_sd(table: pd.DataFrame) -> float:
-    """The seed spread pooled over every variant with two or more seeds (NaN without any)."""
+def pooled_sd(table: pd.DataFrame) -> tuple[float, int]:
+    """The seed spread pooled over every variant with two or more seeds, and its degrees of freedom
+    (NaN, 0 without any)."""
     num = den = 0.0
     for values, mark in zip(table["values"], table["mark"], strict=True):
         if mark or len(values) < 2:
@@ -167,10 +176,10 @@ def pooled_sd(table: pd.DataFrame) -> float:
         x = np.array(list(values.values()), dtype=float)
         num += float(np.var(x, ddof=1)) * (len(x) - 1)
         den += len(x) - 1
-    return math.sqrt(num / den) if den else math.nan
+    return (math.sqrt(num / den), int(den)) if den else (math.nan, 0)
 
 
-def control(comparisons: list[Comparison], sigma: float = math.nan, alpha: float = ALPHA,
+def control(comparisons: list[Comparison], sigma: tuple[float, int] = (math.nan, 0), alpha: float = ALPHA,
             future: int = 0) -> list[Comparison]:
     """Holm over each family's testable comparisons at the runs' last step (an interim one decides nothing);
     then every comparison's seeds per arm to resolve, at the level its next look will face in its family,
@@ -190,13 +199,10 @@ def control(comparisons: list[Comparison], sigma: float = math.nan, alpha: float
     return comparisons
 
 
-def _plan_size(c: Comparison, sigma: float, level: float) -> None:
-    sd_a = mean_ci(np.array(list(c.values_a.values())))[1]
-    sd_b = mean_ci(np.array(list(c.values_b.values())))[1]
-    if not (math.isfinite(sd_a) or math.isfinite(sd_b)) and math.isfinite(sigma):
-        sd_a = sd_b = sigma
-        c.pooled = True
-    c.need = seeds_needed(c.delta, sd_a, sd_b, alpha=level)
+def _plan_size(c: Comparison, sigma: tuple[float, int], level: float) -> None:
+    size = seed_plan(c.values_a, c.values_b, c.delta, level, sigma)
+    c.need, c.need_hi, c.plan_design = size["need"], size["upper"], str(size["design"])
+    c.pooled = size["basis"] == "the pooled spread"
 
 
 def evidence_class(c: Comparison) -> str:
@@ -211,10 +217,15 @@ def evidence_class(c: Comparison) -> str:
 
 
 def need_text(c: Comparison) -> str:
-    need = c.need
-    if need != need:
-        return "n/a"
-    return "> 100,000" if math.isinf(need) else f"~{need:.0f}"
+    """Seeds per arm to resolve, the test they are planned for, and the count at the spread's upper bound:
+    '~3 (paired; up to 9 if σ is at its 80% upper bound)'."""
+    return _need_text(c.need, c.need_hi, c.plan_design + (" at the pooled spread" if c.pooled else ""))
+
+
+def seeds_text(c: Comparison) -> str:
+    """'~3 seeds per arm (paired; up to 9 if σ is at its 80% upper bound)'."""
+    count, _, notes = need_text(c).partition(" (")
+    return f"{count} seeds per arm" + (f" ({notes}" if notes else "")
 
 
 def evidence_text(c: Comparison) -> str:
@@ -224,17 +235,18 @@ def evidence_text(c: Comparison) -> str:
     if c.resolved:
         text = f"resolved (Holm-adjusted p = {c.p_adj:.3g})"
     elif c.testable and c.interim:
-        text = f"interim at step {c.step:,}, no decision before the last step: {need_text(c)} seeds per arm"
+        text = f"interim at step {c.step:,}, no decision before the last step: {seeds_text(c)}"
     elif c.testable:
-        text = f"unresolved: {need_text(c)} seeds per arm"
+        text = f"unresolved: {seeds_text(c)}"
     elif c.waiting and not c.looks:
         text = "not tested yet"
     elif c.flat:
-        text = f"untested ({c.seeds()} seeds): no spread within either arm"
+        text = f"untested ({c.seeds()} seeds): " + ("the paired differences do not vary" if c.design == PAIRED
+                                                     else "no spread within either arm")
     elif n_a and n_b:
-        need = f"{need_text(c)} seeds per arm" + (" at the pooled spread" if c.pooled else "")
+        need = seeds_text(c)
         if max(n_a, n_b) < 2:
-            text = "one seed per arm: untested" + (f" ({need})" if c.need == c.need else "")
+            text = "one seed per arm: untested" + (f"; {need}" if c.need == c.need else "")
         else:
             text = f"untested ({c.seeds()} seeds)" + (f": {need}" if c.need == c.need else "")
     else:
@@ -257,8 +269,10 @@ def table(comparisons: list[Comparison]) -> pd.DataFrame:
         "Kind": [c.kind + (f": {', '.join(c.traits)}" if c.traits else "") for c in comparisons],
         "Step": [f"{c.step:,}" + (" (partial)" if c.partial else "") for c in comparisons],
         "Seeds": [c.seeds() for c in comparisons],
-        "Δ": [num(c.delta, "+.3f") for c in comparisons],
-        "Welch p": [num(c.p, ".3g") for c in comparisons],
+        "Δ": [num(shown(c.delta), "+.3f") for c in comparisons],
+        "Test": [(f"paired ({len(c.values_a)} pairs)" if c.design == PAIRED else WELCH) if c.looks else "—"
+                 for c in comparisons],
+        "p": [num(c.p, ".3g") for c in comparisons],
         "Look": [str(c.look) if c.look else "—" for c in comparisons],
         "Holm-adjusted p": [num(c.p_adj, ".3g") for c in comparisons],
         "Seeds per arm to resolve": [need_text(c) if not c.resolved else "—" for c in comparisons],

@@ -26,7 +26,9 @@ from reports.evidence import (
     evidence_class,
     evidence_text,
 )
+from reports.stats import shown
 from reports.tables import cause, ended_step
+from reports.verdicts import MEMORY, SPEED
 
 
 @dataclass
@@ -42,7 +44,7 @@ def _at(c: Comparison) -> str:
 def _figures(c: Comparison) -> str:
     if not math.isfinite(c.delta):
         return evidence_text(c)
-    return f"Δ {c.delta:+.3f} at step {c.step:,} ({'partial, ' if c.partial else ''}{c.seeds()} seeds); " \
+    return f"Δ {shown(c.delta):+.3f} at step {c.step:,} ({'partial, ' if c.partial else ''}{c.seeds()} seeds); " \
         + evidence_text(c)
 
 
@@ -56,6 +58,8 @@ def _sentence(c: Comparison, added: list[str]) -> tuple[str, str]:
         return f"{c.a} against {c.b}, {what}: {_figures(c)}.", cls
     verb = ("lowers", "lower") if c.delta < 0 else ("raises", "raise")
     claim = f"{verb[0]} eval loss" if c.resolved else f"may {verb[1]} eval loss (unresolved)"
+    if shown(c.delta) == 0 and not c.resolved:  # a Δ printed as ±0.000 points nowhere
+        claim = "leaves eval loss unchanged to three decimals (unresolved)"
     return f"{c.a} against {c.b}: its {what} {claim}: {_figures(c)}.", cls
 
 
@@ -79,9 +83,8 @@ def _depth_attention(tests: list[Comparison], baseline: str) -> Finding | None:
     for label, group in (("Resolved ahead", [c for c in mine if c.resolved and c.delta < 0]),
                          ("Resolved behind", [c for c in mine if c.resolved and c.delta > 0])):
         if group:
-            f.sentences.append((f"{label}: " + "; ".join(f"{c.a} (Δ {c.delta:+.3f}, Holm-adjusted p = {c.p_adj:.3g})"
-                                                           for c in group) + ".",
-                                evidence_class(group[0])))
+            listed = "; ".join(f"{c.a} (Δ {shown(c.delta):+.3f}, Holm-adjusted p = {c.p_adj:.3g})" for c in group)
+            f.sentences.append((f"{label}: {listed}.", evidence_class(group[0])))
     return f
 
 
@@ -90,7 +93,8 @@ def _top_two(tests: list[Comparison], by_variant: dict[str, Comparison]) -> Find
     if top is None:
         return None
     first = by_variant.get(top.a)
-    lead = f" (Δ {first.delta:+.3f} against the baseline)" if first is not None and math.isfinite(first.delta) else ""
+    known = first is not None and math.isfinite(first.delta)
+    lead = f" (Δ {shown(first.delta):+.3f} against the baseline)" if known else ""
     return Finding("The best variant", [(f"{top.a} ranks first{lead}; against {top.b}, second: {_figures(top)}.",
                                          evidence_class(top))])
 
@@ -152,9 +156,9 @@ def _cost(verdicts: pd.DataFrame, by_variant: dict[str, Comparison]) -> Finding 
     row = verdicts.set_index("Variant")
     c = by_variant[ratio]
     return Finding("Quality per unit of cost", [(
-        f"{ratio} has the best quality per unit of cost: {row.at[ratio, 'Quality (eval Δ)']}, speed cost "
-        f"{row.at[ratio, 'Speed Cost']}, memory cost {row.at[ratio, 'Memory Cost']}, against {best}'s "
-        f"{row.at[best, 'Quality (eval Δ)']} at {row.at[best, 'Speed Cost']} and {row.at[best, 'Memory Cost']}; "
+        f"{ratio} has the best quality per unit of cost: {row.at[ratio, 'Quality (eval Δ)']}, tok/s "
+        f"{row.at[ratio, SPEED]} and memory {row.at[ratio, MEMORY]} against the baseline, where {best} has "
+        f"{row.at[best, 'Quality (eval Δ)']} at tok/s {row.at[best, SPEED]} and memory {row.at[best, MEMORY]}; "
         f"its own Δ is {evidence_text(c)}.", evidence_class(c))])
 
 

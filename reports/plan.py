@@ -28,6 +28,7 @@ from attnres.tracking.states import ACTIVE, DIVERGED, FAILED, FINISHED, PREEMPTE
 from attnres.variants import VARIANTS, resolve_run
 from reports.evidence import BASELINE, CONTRAST, TOP_TWO, Comparison, evidence_text
 from reports.scope import DEFAULT_DATA, Scope
+from reports.stats import shown
 from reports.tables import cause, ended_step
 
 RESOLVE, RUNNING_ITEM, NEW, RETRY = "resolve", "running", "new", "retry"
@@ -159,7 +160,7 @@ def _resolve(tests: list[Comparison], runs: pd.DataFrame, max_seeds: int, settin
     for c in tests:
         if c.kind not in (BASELINE, TOP_TWO) or c.resolved:
             continue
-        delta = f"Δ {c.delta:+.3f}, " if math.isfinite(c.delta) else ""
+        delta = f"Δ {shown(c.delta):+.3f}, " if math.isfinite(c.delta) else ""
         head = f"{c.a} vs {c.b} ({c.kind}, {delta}{c.seeds()} seeds): {evidence_text(c)}"
         if c.waiting:
             item.lines.append(f"{head}. Tested when the runs it waits for finish.")

@@ -21,7 +21,7 @@ from scipy import stats
 from attnres.tracking.states import EARLY
 from attnres.variants import VARIANTS
 from reports.depthmaps import matrix, site_name
-from reports.stats import finite
+from reports.stats import finite, shown
 
 # distinct colours, one per registered variant: tab10's, then the dark ones of tab20b
 _PALETTE = list(plt.get_cmap("tab10").colors) + list(plt.get_cmap("tab20b").colors)[0::4] + \
@@ -118,7 +118,7 @@ def throughput_vs_delta(table: pd.DataFrame, baseline: str) -> Figure:
         delta = row.eval - base["eval"]
         err = row.std if isinstance(row.std, float) and math.isfinite(row.std) else None
         ax.errorbar(x, delta, yerr=err, fmt="s" if row.variant == baseline else "o", ms=8, capsize=3,
-                    color=color_of(row.variant), label=f"{row.variant} ({delta:+.3f})")
+                    color=color_of(row.variant), label=f"{row.variant} ({shown(delta):+.3f})")
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("throughput (k tok/s)")
     ax.set_ylabel(f"eval loss Δ vs {baseline} (lower is better)")

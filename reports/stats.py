@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -104,17 +105,14 @@ def paired(a: dict[int, float], b: dict[int, float]) -> tuple[int, float, float,
     return len(diffs), mean, float(res.statistic), float(res.pvalue)
 
 
-def t_power(n: int, effect: float, alpha: float = ALPHA) -> float:
-    """Exact power of a two-sided two-sample t-test with ``n`` per arm at standardized ``effect``
-    (noncentral t with 2n - 2 degrees of freedom).
+def _two_sided(df: float, nc: float, alpha: float) -> float:
+    """Power of a two-sided t-test with ``df`` degrees of freedom at noncentrality ``nc`` (noncentral t).
 
     scipy's noncentral t returns NaN for some far tails (the lower one, against a large noncentrality,
     where the probability is below 1e-30): such a tail counts as 0 (its complement as 1), so a large
     effect gets its power of about 1 instead of a NaN that would stop the search for a seed count.
     """
-    df = 2 * n - 2
     crit = stats.t.ppf(1 - alpha / 2, df)
-    nc = abs(effect) * math.sqrt(n / 2)
     upper = float(stats.nct.sf(crit, df, nc))
     if not math.isfinite(upper):
         upper = 1.0 - float(stats.nct.cdf(crit, df, nc))
@@ -122,6 +120,39 @@ def t_power(n: int, effect: float, alpha: float = ALPHA) -> float:
         upper = 1.0 if nc > crit else 0.0
     lower = float(stats.nct.cdf(-crit, df, nc))
     return min(1.0, upper + (lower if math.isfinite(lower) else 0.0))
+
+
+def t_power(n: int, effect: float, alpha: float = ALPHA) -> float:
+    """Exact power of a two-sided two-sample t-test with ``n`` per arm at standardized ``effect``
+    (noncentral t with 2n - 2 degrees of freedom)."""
+    return _two_sided(2 * n - 2, abs(effect) * math.sqrt(n / 2), alpha)
+
+
+def paired_power(n: int, effect: float, alpha: float = ALPHA) -> float:
+    """Exact power of a two-sided paired t-test over ``n`` pairs at ``effect`` = Δ / σ of the differences
+    (noncentral t with n - 1 degrees of freedom: statsmodels' ``TTestPower``)."""
+    return _two_sided(n - 1, abs(effect) * math.sqrt(n), alpha)
+
+
+def _smallest(power_of: Callable[[int], float], start: int, power: float, limit: int) -> float:
+    """The smallest n >= 2 with ``power_of(n) >= power`` (power rises with n), searched from ``start``:
+    a handful of noncentral-t evaluations, whatever the count; inf past ``limit``."""
+    lo = int(min(limit, max(2, start)))
+    hi = lo
+    while power_of(hi) < power:
+        if hi >= limit:
+            return math.inf
+        lo, hi = hi + 1, min(limit, hi + 1 + hi // 8)
+    while lo > 2 and power_of(lo - 1) >= power:  # (the approximation overshot: rare)
+        lo -= 1
+        hi = lo
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if power_of(mid) >= power:
+            hi = mid
+        else:
+            lo = mid + 1
+    return float(hi)
 
 
 def seeds_needed(delta: float, std_a: float, std_b: float, alpha: float = ALPHA, power: float = POWER,
@@ -139,37 +170,117 @@ def seeds_needed(delta: float, std_a: float, std_b: float, alpha: float = ALPHA,
         return 2.0
     effect = abs(delta) / sigma
     # bracket from the normal approximation (the t-test needs a little more than the z-test), then bisect
-    # on the monotone exact power: a handful of noncentral-t evaluations, whatever the count
     z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
-    lo = int(min(limit, max(2, math.ceil(2 * (z / effect) ** 2))))
-    hi = lo
-    while t_power(hi, effect, alpha) < power:
-        if hi >= limit:
-            return math.inf
-        lo, hi = hi + 1, min(limit, hi + 1 + hi // 8)
-    while lo > 2 and t_power(lo - 1, effect, alpha) >= power:  # (the approximation overshot: rare)
-        lo -= 1
-        hi = lo
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if t_power(mid, effect, alpha) >= power:
-            hi = mid
-        else:
-            lo = mid + 1
-    return float(hi)
+    return _smallest(lambda n: t_power(n, effect, alpha), math.ceil(2 * (z / effect) ** 2), power, limit)
+
+
+def pairs_needed(delta: float, sd_diff: float, alpha: float = ALPHA, power: float = POWER,
+                 limit: int = 100_000) -> float:
+    """Seeds per arm (pairs: the same seeds in both arms) for a paired t-test (α, power) to detect ``delta``
+    when the per-seed differences have std ``sd_diff``; never below 2. NaN without a spread estimate."""
+    if not math.isfinite(delta) or delta == 0 or not math.isfinite(sd_diff):
+        return math.nan
+    if sd_diff == 0:
+        return 2.0
+    effect = abs(delta) / sd_diff
+    z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
+    return _smallest(lambda n: paired_power(n, effect, alpha), math.ceil((z / effect) ** 2), power, limit)
+
+
+UPPER = 0.8  # the confidence of the spread's upper bound that seed counts are also given at
+
+
+def sd_upper(sd: float, df: float, confidence: float = UPPER) -> float:
+    """The one-sided upper confidence bound of a std estimated with ``df`` degrees of freedom (chi-square):
+    a spread from 2-4 seeds may well be twice what it seems, and a seed count resting on it with it."""
+    if not (math.isfinite(sd) and df >= 1):
+        return math.nan
+    return sd * math.sqrt(df / stats.chi2.ppf(1 - confidence, df))
+
+
+def shown(delta: float, digits: int = 3) -> float:
+    """``delta`` as a document prints it (rounded; no negative zero): stars and labels derive from this
+    figure, so a label never disagrees with the number printed beside it."""
+    return round(delta, digits) + 0.0 if math.isfinite(delta) else delta
+
+
+PAIRED, WELCH = "paired", "Welch"
+
+
+def design(a: dict[int, float], b: dict[int, float]) -> str:
+    """The test two arms get: PAIRED when both hold the same 2+ seeds (same seed, same data order: the
+    per-seed differences carry the comparison), else WELCH over every seed of each arm."""
+    return PAIRED if len(a) >= 2 and set(a) == set(b) else WELCH
+
+
+def test_p(a: dict[int, float], b: dict[int, float]) -> float:
+    """The two-sided p-value of the arms' difference under :func:`design` (NaN where untestable)."""
+    if design(a, b) == PAIRED:
+        return paired(a, b)[3]
+    return welch(np.array(list(a.values()), dtype=float), np.array(list(b.values()), dtype=float))[1]
+
+
+def flat(a: dict[int, float], b: dict[int, float]) -> bool:
+    """No spread to test with: a paired design's differences are all equal, or neither arm varies."""
+    if design(a, b) == PAIRED:
+        return bool(np.ptp([a[s] - b[s] for s in a]) == 0)
+    return bool(len(a) >= 2 and len(b) >= 2 and np.ptp(list(a.values())) == 0 and np.ptp(list(b.values())) == 0)
+
+
+def seed_plan(a: dict[int, float], b: dict[int, float], delta: float, alpha: float = ALPHA,
+              pooled: tuple[float, int] = (math.nan, 0)) -> dict[str, object]:
+    """Seeds per arm to resolve ``delta`` at ``alpha``, for the design the next test will have, with the
+    count at the spread's 80% upper bound beside it (both rest on few seeds).
+
+    Arms sharing 2+ seeds are planned paired (σ of the per-seed differences: a plan adds the same seeds
+    to both arms); otherwise Welch with the arms' spread, or ``pooled`` (std, degrees of freedom: the
+    scope's seed spread) when neither arm has two seeds. Returns design, need, upper, basis.
+    """
+    shared = sorted(set(a) & set(b))
+    diffs = np.array([a[s] - b[s] for s in shared], dtype=float)
+    if len(diffs) >= 2:
+        sd, df = float(np.std(diffs, ddof=1)), len(diffs) - 1
+        need = pairs_needed(delta, sd, alpha)
+        return {"design": PAIRED, "need": need, "upper": pairs_needed(delta, sd_upper(sd, df), alpha),
+                "basis": f"σ of {len(diffs)} paired differences"}
+    sds = [(float(np.std(list(x.values()), ddof=1)), len(x) - 1) for x in (a, b) if len(x) >= 2]
+    basis = "the arms' spread"
+    if not sds and math.isfinite(pooled[0]):
+        sds, basis = [(pooled[0], 0)], "the pooled spread"
+    if not sds:
+        return {"design": WELCH, "need": math.nan, "upper": math.nan, "basis": "no spread"}
+    df = pooled[1] if basis == "the pooled spread" else sum(d for _, d in sds)
+    sd = math.sqrt(sum(s * s for s, _ in sds) / len(sds))
+    return {"design": WELCH, "need": seeds_needed(delta, sd, sd, alpha),
+            "upper": seeds_needed(delta, sd_upper(sd, df), sd_upper(sd, df), alpha), "basis": basis}
+
+
+def need_text(need: float, upper: float = math.nan, how: str = "") -> str:
+    """'~3 (paired; up to 9 if σ is at its 80% upper bound)', '~3', '> 100,000' or 'n/a'."""
+    if need != need:
+        return "n/a"
+    if math.isinf(need):
+        return "> 100,000" + (f" ({how})" if how else "")
+    notes = [how] if how else []
+    if upper == upper and upper > need:
+        notes.append("up to " + ("> 100,000" if math.isinf(upper) else f"{upper:,.0f}")
+                     + f" if σ is at its {UPPER:.0%} upper bound")
+    return f"~{need:,.0f}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def versus(a: dict[int, float], b: dict[int, float]) -> dict[str, float]:
     """The difference of arm ``a`` from arm ``b`` (seed -> value), one test at a time: Δ of means, Welch t/p,
-    the paired test over shared seeds and the seeds per arm to resolve it at α. ``compare`` and the
-    Multi-Seed tables show these; a document's decisions (family-wise, sequential) are :mod:`reports.evidence`'s."""
+    the paired test over shared seeds and the seeds per arm to resolve it at α (:func:`seed_plan`).
+    ``compare`` and the Multi-Seed tables show these; a document's decisions (family-wise, sequential) are
+    :mod:`reports.evidence`'s."""
     x, y = np.array(list(a.values()), dtype=float), np.array(list(b.values()), dtype=float)
     delta = float(np.mean(x) - np.mean(y)) if len(x) and len(y) else math.nan
     t, p = welch(x, y)
     pairs, pdelta, pt, pp = paired(a, b)
-    need = seeds_needed(delta, mean_ci(x)[1], mean_ci(y)[1])
+    size = seed_plan(a, b, delta)
     return {"delta": delta, "t": t, "p": p, "n": len(x), "n_base": len(y), "pairs": pairs, "paired_delta": pdelta,
-            "paired_t": pt, "paired_p": pp, "seeds_needed": need}
+            "paired_t": pt, "paired_p": pp, "seeds_needed": size["need"], "seeds_upper": size["upper"],
+            "design": size["design"]}
 
 
 MAX_STARS = 5
@@ -177,7 +288,8 @@ MAX_STARS = 5
 
 def stars(delta: float) -> str:
     """The seed's scale: one ★ for any improvement plus one per 0.010 of it, down to the half star,
-    at most five; ☆ for none."""
+    at most five; ☆ for none. Applied to the Δ as printed (:func:`shown`)."""
+    delta = shown(delta)
     if not math.isfinite(delta) or delta >= 0:
         return "☆"
     n = min(MAX_STARS, math.floor((1 + -delta / 0.01) * 2 + 1e-9) / 2)

@@ -6,11 +6,12 @@ Every number says what it is: a mean over n seeds (± their std) or one seed's v
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
 
-from reports.stats import ReportError, eval_at, mean_ci, versus
+from reports.stats import ReportError, eval_at, mean_ci, shown, versus
 
 
 def _fmt_seeds(seeds: list[int]) -> str:
@@ -81,7 +82,8 @@ def completed(table: pd.DataFrame, baseline: str, behind: list[tuple[str, int, i
         "Variant": t["variant"],
         "Eval Loss": [value_text(e, s, seeds) + star.get(m, "")
                       for e, s, seeds, m in zip(t["eval"], t["std"], t["seeds"], t["mark"], strict=True)],
-        "Δ vs Baseline": ["—" if v == baseline else f"{d:+.3f}" for v, d in zip(t["variant"], t["delta"], strict=True)],
+        "Δ vs Baseline": ["—" if v == baseline else f"{shown(d):+.3f}"
+                          for v, d in zip(t["variant"], t["delta"], strict=True)],
         "Train Loss (final)": [num(x, ".3f") + (star.get(m, "") if math.isfinite(x) else "")
                                for x, m in zip(t["train"], t["mark"], strict=True)],
         "Seeds": [_fmt_seeds(s) + "".join(f"; {g}" for g in going.get(v, []))
@@ -122,17 +124,37 @@ def multi_seed(runs: pd.DataFrame, table: pd.DataFrame, baseline: str, step: int
     return out
 
 
-def family(table: pd.DataFrame, baseline: str, label: str = "Shallow") -> pd.DataFrame:
-    """A comparison group's table against ``baseline`` (named with ``label``), best first."""
+def family(table: pd.DataFrame, baseline: str, label: str = "Shallow",
+           params: Mapping[str, Mapping[str, int]] | None = None) -> pd.DataFrame:
+    """A comparison group's table against ``baseline`` (named with ``label``), best first; with ``params``
+    (variant -> total, non_embedding), each model's parameter difference from the baseline's."""
     base = baseline_row(table, baseline)
     t = table.sort_values("eval", kind="stable")
     step_col = f"Eval @ {int(table.attrs.get('step', 0))}" if "step" in table.attrs else "Eval"
-    return pd.DataFrame({
+    out = pd.DataFrame({
         "Model": [f"{label} {v}" if v == baseline else v for v in t["variant"]],
         step_col: [value_text(e, s, seeds) for e, s, seeds in zip(t["eval"], t["std"], t["seeds"], strict=True)],
-        f"Δ vs {label} Baseline": ["—" if v == baseline else f"{e - base['eval']:+.3f}"
+        f"Δ vs {label} Baseline": ["—" if v == baseline else f"{shown(e - base['eval']):+.3f}"
                                    for v, e in zip(t["variant"], t["eval"], strict=True)],
-    }).reset_index(drop=True)
+    })
+    if params and baseline in params:
+        out[f"Parameters vs {label} Baseline"] = [param_diff(params.get(v), params[baseline], v == baseline)
+                                                  for v in t["variant"]]
+    return out.reset_index(drop=True)
+
+
+def param_diff(mine: Mapping[str, int] | None, base: Mapping[str, int], is_base: bool) -> str:
+    """'757.2M total, 680.0M non-embedding' for the baseline; '+0.1M (+0.0%) total, +22.4M (+3.3%)
+    non-embedding' for another model; — where its model is not known."""
+    if is_base:
+        return f"{base['total'] / 1e6:,.1f}M total, {base['non_embedding'] / 1e6:,.1f}M non-embedding"
+    if not mine:
+        return "—"
+    parts = []
+    for key, word in (("total", "total"), ("non_embedding", "non-embedding")):
+        d = mine[key] - base[key]
+        parts.append(f"{d / 1e6:+,.1f}M ({d / base[key]:+.1%}) {word}")
+    return ", ".join(parts)
 
 
 def ended_step(run: pd.Series) -> int:

@@ -11,25 +11,26 @@ ranking is what the data show; the evidence after the dash says whether the stat
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 
 from attnres.traits import mechanisms
 from attnres.variants import VARIANTS
+from reports import costs
 from reports.evidence import Comparison, evidence_text
-from reports.stats import stars
-from reports.tables import baseline_row, num
+from reports.stats import shown, stars
+from reports.tables import baseline_row
 
+SPEED, MEMORY = "Speed (tok/s vs baseline)", "Memory (vs baseline)"  # one sign: change vs the baseline
 SOLID = 0.020  # eval loss: ★★★ on the stars' scale
 EXPENSIVE, CHEAP = 1.25, 1.10  # cost relative to the cheapest improvement
 
 RULE = ("Verdict: the results document's words, given by the observed ranking of the Δs: *Best quality* is the "
-        "largest improvement, *Best quality/cost ratio* the largest per unit of cost (speed cost % + memory cost %, "
-        "at least 1; one variant may earn both), the others *Solid* (≥ 0.020) or *Modest*; *Not worth it* is no "
-        "improvement. A cost qualifier follows: *expensive* (over 1.25x the cheapest improvement's cost), "
-        "*simpler* (fewer mechanisms than every variant ranked above it), *cheap* (within 10% of the cheapest "
-        "improvement's cost). After the dash, the evidence for its Δ against the baseline (see Statistical "
+        "largest improvement, *Best quality/cost ratio* the largest per unit of cost (the tok/s lost % + the memory "
+        "added %, at least 1, among variants whose costs were measured alike; one variant may earn both), the "
+        "others *Solid* (≥ 0.020) or *Modest*; *Not worth it* is no improvement. Labels and stars follow the Δ as "
+        "printed (three decimals). A cost qualifier follows: *expensive* (over 1.25x the cheapest improvement's "
+        "cost), *simpler* (fewer mechanisms than every variant ranked above it), *cheap* (within 10% of the "
+        "cheapest improvement's cost). After the dash, the evidence for its Δ against the baseline (see Statistical "
         "Evidence): resolved with its Holm-adjusted p, unresolved with the seeds per arm that would resolve it, or "
         "untested. Runs that ended early are left out.")
 
@@ -47,23 +48,32 @@ def _qualifier(variant: str, cost: pd.Series, above: list[str], ratio_only: bool
     return "cheap" if cost[variant] <= CHEAP * cheapest else ""
 
 
-def cost_benefit(table: pd.DataFrame, baseline: str, tests: dict[str, Comparison] | None = None) -> pd.DataFrame:
-    """Quality Δ (stars), speed and memory cost vs baseline (%), and a verdict per variant (:data:`RULE`);
-    ``tests`` are the variants' comparisons with the baseline (their evidence follows each verdict)."""
-    cols = ["Variant", "Quality (eval Δ)", "Speed Cost", "Memory Cost", "Verdict"]
+def cost_benefit(table: pd.DataFrame, baseline: str, tests: dict[str, Comparison] | None = None,
+                 runs: pd.DataFrame | None = None, benches: pd.DataFrame | None = None, preset: str = ""
+                 ) -> pd.DataFrame:
+    """Quality Δ (stars), speed and memory change vs baseline (%, from like with like: :mod:`reports.costs`),
+    and a verdict per variant (:data:`RULE`); ``tests`` are the variants' comparisons with the baseline (their
+    evidence follows each verdict), ``runs`` the scope's runs (their conditions), ``benches`` the stored bench
+    rows of its preset."""
+    cols = ["Variant", "Quality (eval Δ)", SPEED, MEMORY, "Verdict"]
     base = baseline_row(table, baseline)
     t = table[(table["variant"] != baseline) & (table["mark"] == "")].copy()
     if t.empty:
         return pd.DataFrame(columns=cols)
-    t["delta"] = t["eval"] - base["eval"]
-    t["speed"] = (t["tokens_per_s"] / base["tokens_per_s"] - 1) * 100
-    t["memory"] = (t["peak_memory_bytes"] / base["peak_memory_bytes"] - 1) * 100
+    if runs is None:  # (no run table: every figure as recorded)
+        runs = pd.DataFrame({"id": [r for ids in table["run_ids"] for r in ids.values()]})
+    bench_rows = benches if benches is not None else pd.DataFrame(columns=["session", "device", "variant"])
+    t["delta"] = [shown(d) for d in t["eval"] - base["eval"]]  # labels follow the Δ as printed
+    figures = {v: costs.cost(v, baseline, table, runs, bench_rows) for v in t["variant"]}
+    t["speed"] = [figures[v].speed for v in t["variant"]]
+    t["memory"] = [figures[v].memory for v in t["variant"]]
     t = t.sort_values("delta", kind="stable").set_index("variant", drop=False)
     known = t["speed"].notna() & t["memory"].notna()
     t["cost"] = (t["speed"].clip(upper=0).abs() + t["memory"].clip(lower=0)).clip(lower=1).where(known)
     better = t[t["delta"] < 0]
     best_q = better["delta"].idxmin() if len(better) else None
-    best_r = (-better["delta"] / better["cost"].fillna(1)).idxmax() if len(better) else None
+    priced = better[better["cost"].notna()]  # a cost not measured alike ranks nothing
+    best_r = (-priced["delta"] / priced["cost"]).idxmax() if len(priced) else None
 
     def verdict(v: str) -> str:
         if t.at[v, "delta"] >= 0:
@@ -81,9 +91,10 @@ def cost_benefit(table: pd.DataFrame, baseline: str, tests: dict[str, Comparison
     out = pd.DataFrame({
         "Variant": t["variant"],
         "Quality (eval Δ)": [f"{stars(d)} ({d:+.3f})" for d in t["delta"]],
-        "Speed Cost": [num(s, "+.0f") + ("%" if math.isfinite(s) else "") for s in t["speed"]],
-        "Memory Cost": [num(m, "+.0f") + ("%" if math.isfinite(m) else "") for m in t["memory"]],
+        cols[2]: [costs.cell(figures[v].speed, figures[v].speed_from) for v in t.index],
+        cols[3]: [costs.cell(figures[v].memory, figures[v].memory_from) for v in t.index],
         "Verdict": [verdict(v) for v in t.index],
     }, columns=cols).reset_index(drop=True)
-    out.attrs.update(best_quality=best_q, best_ratio=best_r)
+    out.attrs.update(best_quality=best_q, best_ratio=best_r,
+                     note=costs.note(figures, runs, bench_rows, baseline, preset))
     return out

@@ -16,6 +16,7 @@ from conftest import BYTES, FAST_GPT2, ROOT, attnres
 from scipy import stats
 from seed_scenario import rows as seed_rows
 from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.power import TTestPower
 
 from attnres import traits
 from attnres.tracking import launches, states, store
@@ -25,7 +26,7 @@ from attnres.variants import VARIANTS, resolve_run
 from reports import comparisons, evidence
 from reports.bench import evidence_rows, verdicts
 from reports.build import write_report
-from reports.stats import seeds_needed, t_power
+from reports.stats import pairs_needed, seed_plan, seeds_needed, t_power
 from reports.tables import per_variant
 
 NINE = [v for v in VARIANTS if v != "standard" and VARIANTS[v].depth_mult == 1][:9]
@@ -43,6 +44,13 @@ def frames(values: dict[str, dict[int, float]], stage: dict[tuple[str, int], int
                          "peak_memory_bytes": 1e9, "launch_id": (stage or {}).get((variant, seed), 1)})
             evals.append({"run_id": rid, "step": 100, "value": value})
     return pd.DataFrame(runs), pd.DataFrame(evals)
+
+
+def exact_p(a: dict[int, float], b: dict[int, float]) -> float:
+    """scipy's p-value for the test the document makes: paired over the same seeds, Welch's otherwise."""
+    if len(a) >= 2 and set(a) == set(b):
+        return stats.ttest_rel([a[s] for s in sorted(a)], [b[s] for s in sorted(a)]).pvalue
+    return stats.ttest_ind(list(a.values()), list(b.values()), equal_var=False).pvalue
 
 
 def assessed(values: dict[str, dict[int, float]], stage: dict[tuple[str, int], int] | None = None
@@ -114,7 +122,7 @@ def test_a_stage_still_going_holds_its_test_and_the_earlier_look_stands():
     runs = pd.concat([runs, pd.DataFrame([late])], ignore_index=True)
     c = comparisons.document(runs, evals, "standard", 100,
                              comparisons.Group(per_variant(runs, evals, 100), 100, False))[0]
-    p = stats.ttest_ind([2.90, 2.93], [3.00, 3.02], equal_var=False).pvalue
+    p = exact_p({1: 2.90, 2: 2.93}, {1: 3.00, 2: 3.02})  # the same seeds: paired
     assert (c.a, c.seeds(), c.look, c.waiting) == ("control_block", "2 vs 2", 1, [("control_block", 4, 50)])
     assert c.p == pytest.approx(p) and c.p_adj == pytest.approx(min(1.0, 2 * p))
     assert evidence.evidence_text(c).endswith("waits for control_block s4 (step 50)")
@@ -122,8 +130,8 @@ def test_a_stage_still_going_holds_its_test_and_the_earlier_look_stands():
 
 def test_no_decision_before_the_last_step_and_none_without_spread():
     """A difference seen at step 60 of 100, runs still going, is interim (each eval step would be one more look);
-    arms without any spread are untested (Welch's p would be 0 for any difference)."""
-    values = {"standard": {1: 3.00, 2: 3.01, 3: 3.02}, "control_block": {1: 2.80, 2: 2.81, 3: 2.82}}
+    arms without any spread are untested (the p-value would be 0 for any difference)."""
+    values = {"standard": {1: 3.00, 2: 3.01, 3: 3.02}, "control_block": {1: 2.80, 2: 2.82, 3: 2.81}}
     runs, evals = frames(values)
     runs["status"], runs["step"] = "running", 60
     evals["step"] = 60
@@ -134,8 +142,10 @@ def test_no_decision_before_the_last_step_and_none_without_spread():
     assert evidence.evidence_class(c) == evidence.SUGGESTIVE
     final = assessed(values)[0]
     assert final.resolved and not final.interim  # the same seeds at the last step decide
-    flat = assessed({"standard": {1: 3.0, 2: 3.0}, "control_block": {1: 2.999, 2: 2.999}})[0]
+    flat = assessed({"standard": {1: 3.0, 2: 3.0}, "control_block": {3: 2.999, 4: 2.999}})[0]  # Welch
     assert not flat.testable and not flat.resolved and "no spread within either arm" in evidence.evidence_text(flat)
+    same = assessed({"standard": {1: 3.0, 2: 3.1}, "control_block": {1: 2.9, 2: 3.0}})[0]  # paired: Δ -0.1 twice
+    assert not same.testable and "the paired differences do not vary" in evidence.evidence_text(same)
 
 
 def test_a_run_resumed_after_it_ended_joins_a_new_stage(workdir):
@@ -159,8 +169,8 @@ def test_sequential_looks_through_import_and_report(workdir):
     """The same seeds give 'resolved' when launched at once and 'unresolved' when added stage by stage
     until p < 0.05: the report counts the looks (one per imported stage) and spends α/2^k at look k."""
     base = {1: 3.000, 2: 3.010, 3: 3.004, 4: 2.998, 5: 3.006}
-    var = {1: 2.992, 2: 2.996, 3: 2.994, 4: 2.990, 5: 2.998}
-    p = stats.ttest_ind(list(var.values()), list(base.values()), equal_var=False).pvalue
+    var = {s: base[s] + d for s, d in zip(base, (-0.008, -0.004, -0.010, -0.002, -0.006), strict=True)}
+    p = exact_p(var, base)  # the same seeds: paired
     assert 0.05 / 8 < p < 0.05 / 2  # resolved at look 1, not at look 3
 
     def rows(seeds: list[int], stage: str) -> pd.DataFrame:
@@ -180,7 +190,8 @@ def test_sequential_looks_through_import_and_report(workdir):
     import_file(staged, workdir / "staged.csv")
     text = write_report(staged, workdir / "staged.md", plots=False)
     row = evidence_rows(text)[0]
-    assert row["Welch p"] == f"{p:.3g}" and row["Look"] == "3" and row["Holm-adjusted p"] == f"{8 * p:.3g}"
+    assert row["p"] == f"{p:.3g}" and row["Look"] == "3" and row["Holm-adjusted p"] == f"{8 * p:.3g}"
+    assert row["Test"] == "paired (5 pairs)"
     assert row["Evidence"].startswith("unresolved: ~") and row["Evidence"].endswith("; look 3")
     assert "— unresolved: ~" in verdicts(text)["control_block"]
     # an export keeps the stages: imported elsewhere, the report counts the same looks
@@ -193,12 +204,12 @@ def test_sequential_looks_through_import_and_report(workdir):
 def interpretation_scenario() -> tuple[pd.DataFrame, dict[str, dict[int, float]]]:
     finals = {
         "standard": {1: 3.000, 2: 3.004, 3: 2.996},
-        "control_block": {1: 2.950, 2: 2.954, 3: 2.946},
-        "block_hybrid_memory": {1: 2.900, 2: 2.903, 3: 2.897},  # the window: resolved lower
-        "block_value_proj": {1: 3.100, 2: 3.104, 3: 3.096},  # expected to help, resolved worse: contradicted
+        "control_block": {1: 2.950, 2: 2.956, 3: 2.946},
+        "block_hybrid_memory": {1: 2.900, 2: 2.907, 3: 2.897},  # the window: resolved lower
+        "block_value_proj": {1: 3.100, 2: 3.103, 3: 3.097},  # expected to help, resolved worse: contradicted
         "block_alibi_depth": {1: 2.940, 2: 2.960, 3: 2.945},  # lower, unresolved: suggestive
         "block_input_dep_query": {1: 2.952},  # one seed: not yet testable
-        "block_gqa_depth": {1: 2.951, 2: 2.955, 3: 2.947},  # two traits at once: confounded
+        "block_gqa_depth": {1: 2.951, 2: 2.955, 3: 2.947},  # query sharing alone: a clean ablation
     }
     out = []
     for variant, seeds in finals.items():
@@ -235,7 +246,7 @@ def test_interpretation_findings_come_from_traits_with_their_numbers_and_evidenc
     assert "lowers eval loss" in about("block_hybrid_memory", "control_block")[0]
     assert "raises eval loss" in about("block_value_proj", "control_block")[0]
     assert "may lower eval loss (unresolved)" in about("block_alibi_depth", "control_block")[0]
-    assert "Confounded: it adds 2 traits" in about("block_gqa_depth", "control_block")[0]
+    assert "its query sharing (one query per group of 4 layers)" in about("block_gqa_depth", "control_block")[0]
     # a finding with no data is left out: no variant here has per-layer sources
     assert "### " in text and "Source granularity" not in text
     # runs that ended early: step and cause; the deep comparison with its partial step
@@ -246,13 +257,13 @@ def test_interpretation_findings_come_from_traits_with_their_numbers_and_evidenc
     # every tested number is scipy's and statsmodels': Welch p per pair, Holm per family at look 1 (p x 2)
     rows = evidence_rows(text)
     for family in (evidence.PRIMARY, evidence.SECONDARY):
-        mine = [r for r in rows if r["Welch p"] != "—" and (r["Kind"].startswith("contrast")) ==
+        mine = [r for r in rows if r["p"] != "—" and (r["Kind"].startswith("contrast")) ==
                 (family == evidence.SECONDARY)]
         exact = []
         for r in mine:
             a, b = r["Comparison"].split(" vs ")
-            exact.append(stats.ttest_ind(list(finals[a].values()), list(finals[b].values()), equal_var=False).pvalue)
-            assert r["Welch p"] == f"{exact[-1]:.3g}", r
+            exact.append(exact_p(finals[a], finals[b]))
+            assert r["p"] == f"{exact[-1]:.3g}", r
             assert r["Δ"] == f"{np.mean(list(finals[a].values())) - np.mean(list(finals[b].values())):+.3f}"
         adjusted = multipletests([min(1.0, 2 * q) for q in exact], method="holm")[1]
         assert [r["Holm-adjusted p"] for r in mine] == [f"{q:.3g}" for q in adjusted]
@@ -301,6 +312,41 @@ def test_power_is_finite_and_seed_counts_grow_with_the_spread():
     assert needs == sorted(needs) and needs[0] == 2
 
 
+def test_paired_seed_counts_are_statsmodels_paired_power_and_carry_their_uncertainty():
+    """Arms that share seeds are planned for the paired test: the count is the smallest n whose power under
+    statsmodels' TTestPower (σ of the differences) reaches 0.8, and is also given at σ's 80% upper bound;
+    arms without shared seeds are planned for Welch's (two-sample power)."""
+    from statsmodels.stats.power import TTestIndPower
+
+    rng = np.random.default_rng(3)
+    checked, more = 0, []
+    for _ in range(40):
+        seeds = list(range(1, int(rng.integers(2, 6)) + 1))
+        shift = float(rng.uniform(-0.05, -0.005))
+        common = rng.normal(3.0, 0.05, len(seeds))  # a seed's data order moves both arms alike
+        a = {s: float(c + shift + rng.normal(0, 0.01)) for s, c in zip(seeds, common, strict=True)}
+        b = {s: float(c + rng.normal(0, 0.01)) for s, c in zip(seeds, common, strict=True)}
+        plan = seed_plan(a, b, float(np.mean(list(a.values())) - np.mean(list(b.values()))), 0.01)
+        diffs = np.array([a[s] - b[s] for s in seeds])
+        effect = abs(diffs.mean()) / diffs.std(ddof=1)
+        powers = {n: TTestPower().power(effect, n, 0.01) for n in range(2, 400)}
+        n = plan["need"]
+        assert plan["design"] == "paired" and plan["upper"] >= n
+        if math.isfinite(powers.get(n, math.nan)) and (n == 2 or math.isfinite(powers[n - 1])):
+            assert powers[n] >= 0.8 and (n == 2 or powers[n - 1] < 0.8), (n, powers[n], powers.get(n - 1))
+            checked += 1
+        # unpaired, the seeds' shared movement is spread: it asks for more seeds (on most draws: few seeds)
+        welch = seed_plan(a, {s + 100: v for s, v in b.items()}, float(diffs.mean()), 0.01)
+        assert welch["design"] == "Welch"
+        more.append(welch["need"] > n)
+    assert checked >= 30 and sum(more) > 0.75 * len(more)
+    # Welch's count is statsmodels' two-sample power at the pooled spread
+    plan = seed_plan({1: 2.9, 2: 2.92, 3: 2.91}, {4: 3.0, 5: 3.02, 6: 3.01}, -0.09, 0.05)
+    n = int(plan["need"])
+    effect = 0.09 / 0.01
+    assert TTestIndPower().power(effect, n, 0.05) >= 0.8 > TTestIndPower().power(effect, n - 1, 0.05) if n > 2 else True
+
+
 # -- attnres next --------------------------------------------------------------------------------
 STEADY = [*FAST_GPT2, *BYTES[2:], "--set", "steps=20"]  # the runs' settings, as --set items
 
@@ -315,15 +361,21 @@ def test_next_launches_exactly_its_cells_and_the_report_tests_them_as_planned(wo
     report tests the comparison as planned: look 2, planned 3 vs 3, tested at 3 vs 3."""
     engine = get_engine(str(workdir / "runs.db"))
     first = launches.create(engine, launches.LAUNCH)
-    spread = 0.02 / math.sqrt(2)
-    for variant, mean in (("standard", 3.0), ("control_block", 2.9)):
-        for seed, value in ((1, mean - spread), (2, mean + spread)):
+    spread, jitter = 0.02 / math.sqrt(2), 0.005  # the same seeds: paired differences -0.095 and -0.105
+    for variant, mean, e in (("standard", 3.0, 0.0), ("control_block", 2.9, jitter)):
+        for seed, value in ((1, mean - spread + e), (2, mean + spread - e)):
             cfg = resolve_run(variant, "tiny", seed, _settings(), "builtin-bytes")
             rid = store.create_run(engine, cfg, status=states.FINISHED, actor=states.IMPORTER, launch_id=first)
             store.update_run(engine, rid, step=20)
             store.log_metrics(engine, rid, [(s, "eval_loss", value + (20 - s) / 100) for s in (0, 10, 20)])
     shown = attnres("next", "--only", "resolve", check=True).stdout
-    assert "control_block vs standard (vs baseline, Δ -0.100, 2 vs 2 seeds): unresolved: ~3 seeds per arm" in shown
+    # paired seeds to resolve at look 2's level (α/4): statsmodels' paired power, as at the spread's upper bound
+    sd = np.std([-0.1 + jitter, -0.1 - jitter], ddof=1)
+    powers = [TTestPower().power(0.1 / sd, k, 0.0125) for k in (3, 4)]
+    assert powers[0] >= 0.8  # 3 pairs suffice (2 cannot: statsmodels gives NaN there, scipy's far tail)
+    assert pairs_needed(0.1, sd * math.sqrt(1 / stats.chi2.ppf(0.2, 1)), 0.0125) == 4
+    assert ("control_block vs standard (vs baseline, Δ -0.100, 2 vs 2 seeds): unresolved: ~3 seeds per arm "
+            "(paired; up to 4 if σ is at its 80% upper bound)") in shown
     assert "attnres next --launch` starts these 2 run(s)" in shown
     assert "attnres launch control_block standard --seeds 3 --preset tiny --steps 20 --data builtin-bytes" in shown
     done = attnres("next", "--launch", "--only", "resolve", check=True)
@@ -336,9 +388,9 @@ def test_next_launches_exactly_its_cells_and_the_report_tests_them_as_planned(wo
     assert plan[0] == "next" and '"n": [3, 3]' in plan[1]
     text = write_report(engine, workdir / "r.md", plots=False)
     row = evidence_rows(text)[0]
-    values = {v: [x for (vv, _), x in _finals(workdir).items() if vv == v] for v in ("control_block", "standard")}
-    p = stats.ttest_ind(values["control_block"], values["standard"], equal_var=False).pvalue
-    assert row["Seeds"] == "3 vs 3" and row["Look"] == "2" and row["Welch p"] == f"{p:.3g}"
+    values = {v: {s: x for (vv, s), x in _finals(workdir).items() if vv == v} for v in ("control_block", "standard")}
+    p = exact_p(values["control_block"], values["standard"])
+    assert row["Seeds"] == "3 vs 3" and row["Look"] == "2" and row["p"] == f"{p:.3g}"
     assert row["Holm-adjusted p"] == f"{min(1.0, 4 * p):.3g}"
     assert "planned 3 vs 3, tested at 3 vs 3" in row["Evidence"]
     # planned and launched, the comparison is not planned again (what is left is a new look's count)
@@ -374,7 +426,11 @@ def test_traits_isolate_mechanisms():
     pairs = {(a, b): added for a, b, added in traits.contrasts(list(VARIANTS))}
     assert pairs[("block_hybrid_memory", "control_block")] == ["window"]
     assert pairs[("full_attnres", "control_block")] == ["sources"]
-    assert sorted(pairs[("block_gqa_depth", "control_block")]) == ["key_gain", "query_sharing"]  # confounded
+    assert pairs[("block_gqa_depth", "control_block")] == ["query_sharing"]  # clean ablations
+    assert pairs[("block_source_gain", "control_block")] == ["key_gain"]
+    assert pairs[("block_mqa_depth", "control_block")] == ["query_sharing"]
+    confounded = {(a, b): added for a, b, added in traits.contrasts(["deep_hybrid_memory", "control_block"])}
+    assert sorted(confounded[("deep_hybrid_memory", "control_block")]) == ["deep", "window"]
     assert pairs[("deep_control_block", "deep_baseline")] == ["depth_attention"]
     assert ("block_gqa_depth", "block_mqa_depth") not in pairs  # they differ in a value, neither adds to the other
 

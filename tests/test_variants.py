@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -117,38 +118,40 @@ def test_gqa_depth_shares_one_query_per_group_of_four_layers():
     assert uniform == [True, False, False, False, True, True, True, True, True]
 
 
-def test_gqa_depth_has_one_effective_query_per_group_of_four_layers():
-    """Nothing per layer scales a gqa query: sites of a group score every source identically."""
-    model = tiny("block_gqa_depth", n_layer=9)  # 3 blocks of 3; groups: layers 0-3, 4-7, 8, readout
+def test_gqa_and_mqa_are_clean_ablations_of_control_block():
+    """Each changes who owns the queries and nothing else: control_block's keys (a gain per layer) stay."""
+    block = get_variant("control_block").residual
+    assert replace(get_variant("block_gqa_depth").residual, query="site", query_group=1) == block
+    assert replace(get_variant("block_mqa_depth").residual, query="site") == block
+    assert replace(get_variant("block_source_gain").residual, key_gain="site") == block
+    ref = depth_module(tiny("control_block", n_layer=9))
+    for name, queries in (("block_gqa_depth", 4), ("block_mqa_depth", 1)):  # groups 0-3, 4-7, 8, readout
+        res = depth_module(tiny(name, n_layer=9))
+        assert res.query.shape[0] == queries and res.key_gain.shape == ref.key_gain.shape == (10, 32)
+
+
+def test_source_gain_keys_belong_to_the_depth_position():
+    """block_source_gain: one gain per source (embedding, block k), so sites score a source's keys alike."""
+    model = tiny("block_source_gain", n_layer=9)
     res = depth_module(model)
-    assert res.query.shape[0] == 4 and res.key_gain.shape[0] == res.n_pos == 4
+    assert res.key_gain.shape[0] == res.n_pos == 4
     with torch.no_grad():
         for p in res.parameters():
             p.add_(torch.randn_like(p))
-    positions = [0, 1]
-    u, _ = res._queries([3, 4, 5], 2, positions, None)  # the sites of block 2: layers 3, 4 and 5
+    u, _ = res._queries([3, 4, 5], 2, [0, 1], None)
     assert u.shape == (2, 3, 32)  # (source, site, d): the gain belongs to the source
-    assert not torch.allclose(u[:, 0], u[:, 1])  # layer 3 is in group 0, layer 4 in group 1 ...
-    assert torch.equal(u[:, 1], u[:, 2])  # ... with layer 5
-    u_a, _ = res._queries([0], 1, positions, None)
-    u_b, _ = res._queries([2], 1, positions, None)
-    assert torch.equal(u_a, u_b)
 
 
 def test_gqa_depth_has_four_times_fewer_query_parameters_than_control_block():
     counts = {}
-    for name in ["control_block", "block_gqa_depth"]:
+    for name in ["control_block", "block_gqa_depth", "block_mqa_depth"]:
         with torch.device("meta"):
             counts[name] = GPT(resolve_run(name, "paper500m", 0).model).residual.param_counts()
     assert counts["block_gqa_depth"]["step queries"] * 4 == counts["control_block"]["step queries"] == 24 * 1536
     assert counts["block_gqa_depth"]["readout query"] == counts["control_block"]["readout query"] == 1536
-    assert counts["block_gqa_depth"]["key gains"] == 9 * 1536  # embedding + 8 blocks: keys stay per block
-
-
-def test_mqa_depth_has_one_query_and_key_gains_per_block():
-    res = depth_module(tiny("block_mqa_depth", n_layer=9))
-    assert res.query.shape[0] == 1
-    assert res.key_gain.shape[0] == res.n_pos == 4  # embedding + 3 blocks
+    # the same keys: a gain per layer and one for the readout
+    assert counts["block_gqa_depth"]["key gains"] == counts["block_mqa_depth"]["key gains"] == \
+        counts["control_block"]["key gains"] == 25 * 1536
 
 
 def test_hybrid_memory_window_holds_the_four_latest_outputs():

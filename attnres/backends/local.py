@@ -71,6 +71,16 @@ def visible_gpus() -> list[str]:
     return given[:n] if given else [str(i) for i in range(n)]
 
 
+def threads_per_process(nproc: int, runs_at_once: int = 1) -> int:
+    """Compute threads for each of a run's ``nproc`` processes when ``runs_at_once`` runs share the machine's
+    usable cores (its CPU affinity): together they fill the cores without oversubscribing them."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # (not Linux)
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, nproc * runs_at_once))
+
+
 class Slots:
     """Machine-wide places to run: one per GPU, or one CPU slot, each a lock file in ``paths.slots_dir()``.
 
@@ -158,8 +168,10 @@ def start(engine: Engine, db_url: str, run_id: int, nproc: int, slots: list[str]
     gpus = [s.removeprefix("gpu-") for s in slots if s.startswith("gpu-")]
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-    else:
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    # compute threads per process to fit the cores (one set by the user is kept): the trainer records
+    # the number, as its tokens/s depends on it (attnres.tracking.speed)
+    env.setdefault("OMP_NUM_THREADS", str(threads_per_process(len(gpus), max(1, len(visible_gpus()) // len(gpus)))
+                                          if gpus else threads_per_process(nproc)))
     with log.open("ab") as fh:
         proc = subprocess.Popen(trainer_command(run_id, db_url, nproc), stdout=fh, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)

@@ -21,12 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from sqlalchemy import Engine
 from torch import Tensor, nn
 
 from attnres import depth_attend
 from attnres.errors import AttnresError
 from attnres.model import GPT
 from attnres.optim import build_optimizer
+from attnres.training.distributed import device_model
 from attnres.variants import canonical, resolve_run
 
 #: The issue's targets: (tokens/s ratio to standard, saved-activation ratio to standard).
@@ -157,6 +159,8 @@ def bench_models(variants: list[str], preset: str = "bench", steps: int = 10, wa
         mem_ratio = saved[c.name] / saved[base.name]
         rows.append({
             "variant": c.name, "preset": preset, "device": str(dev), "depth_kernel": path, "tokens_per_step": tokens,
+            "device_model": device_model(dev), "threads": torch.get_num_threads(),
+            "dtype": "bfloat16" if bf16 else "float32",
             "n_layer": c.model.cfg.n_layer, "d_model": c.model.cfg.d_model,
             "step_ms": 1e3 * statistics.median(c.times),
             "step_ms_min": 1e3 * min(c.times), "step_ms_max": 1e3 * max(c.times),
@@ -168,3 +172,15 @@ def bench_models(variants: list[str], preset: str = "bench", steps: int = 10, wa
                 speed >= speed_target and (mem_target is None or mem_ratio <= mem_target)),
         })
     return rows
+
+
+def store_session(engine: Engine, rows: list[dict[str, object]], preset: str, overrides: list[str] | None,
+                  steps: int) -> int:
+    """Keep a bench's rows in the database as one session (:mod:`attnres.tracking.speed`): a report takes a
+    variant's speed cost from the newest one on the runs' device when the runs trained under different
+    conditions. Returns the session's number."""
+    from attnres.tracking import speed
+
+    first = rows[0]
+    return speed.record_bench(engine, rows, str(first["device_model"]), int(first["threads"]), str(first["dtype"]),
+                              preset, overrides or [], steps)

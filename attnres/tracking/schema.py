@@ -53,6 +53,8 @@ class Run(Base):
     mirrors_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # trackers it is also sent to (specs)
     on_end_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # command run when it ends (argv)
     launch_id: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the launch (stage) that created it
+    # what its tokens/s depends on, per distinct set its attempts trained under (attnres.tracking.speed)
+    conditions_json: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     # one active (queued or running: attnres.tracking.states.ACTIVE) run per config, whoever launches it
     __table_args__ = (Index("ux_runs_active_config", "config_hash", unique=True,
@@ -73,6 +75,36 @@ class Launch(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime)
     origin: Mapped[str] = mapped_column(String(16))  # launch | next | import | resume | direct
     plan_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # next's pre-registration
+
+
+class Benchmark(Base):
+    """One variant's row of an ``attnres bench`` session: its speed relative to standard, timed step by step
+    against it in one process, and its saved activations relative to standard (migration 0008).
+
+    A report takes a variant's speed cost from here when the runs it compares trained under different
+    conditions: a ratio from one paired session is like with like, tokens/s recorded apart are not.
+    """
+
+    __tablename__ = "benchmarks"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session: Mapped[int] = mapped_column(Integer, index=True)  # the rows of one `attnres bench`
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    device: Mapped[str] = mapped_column(String(128))  # the device model, as runs record it
+    threads: Mapped[int] = mapped_column(Integer)
+    dtype: Mapped[str] = mapped_column(String(16))
+    preset: Mapped[str] = mapped_column(String(64))
+    overrides_json: Mapped[str] = mapped_column(Text)
+    variant: Mapped[str] = mapped_column(String(64))
+    n_layer: Mapped[int] = mapped_column(Integer)
+    d_model: Mapped[int] = mapped_column(Integer)
+    steps: Mapped[int] = mapped_column(Integer)
+    tokens_per_s: Mapped[float] = mapped_column(Float)
+    speed_ratio: Mapped[float] = mapped_column(Float)  # median of paired step-time ratios, standard / variant
+    speed_ratio_q1: Mapped[float] = mapped_column(Float)
+    speed_ratio_q3: Mapped[float] = mapped_column(Float)
+    peak_memory_bytes: Mapped[float | None] = mapped_column(Float, nullable=True)  # CUDA only
+    saved_ratio: Mapped[float] = mapped_column(Float)  # saved activations / standard's
 
 
 class MetricKey(Base):

@@ -258,7 +258,8 @@ def _executemany(engine: Engine, conn: Connection, sql: str, rows: Iterable[tupl
 RUN_COLUMNS = ["id", "variant", "seed", "preset", "experiment", "device", "data", "status", "step", "total_steps",
                "created_at", "started_at", "ended_at", "heartbeat_at", "pid", "host",
                "exit_code", "stop_step", "message", "config_hash", "config_json", "world_size",
-               "git_commit", "log_path", "backend", "agent_pid", "job_id", "rule_json", "launch_id"]
+               "git_commit", "log_path", "backend", "agent_pid", "job_id", "rule_json", "launch_id",
+               "conditions_json"]
 
 
 def runs_frame(engine: Engine, statuses: Sequence[str] | None = None, experiment: str | None = None,

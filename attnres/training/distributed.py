@@ -32,6 +32,22 @@ class Dist:
         return f"{name} x {self.world}"
 
 
+def device_model(device: torch.device) -> str:
+    """The device's model name, which its speed depends on: the GPU's, or the CPU's from /proc/cpuinfo."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return "cpu: " + " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    import platform
+
+    return "cpu: " + (platform.processor() or platform.machine() or "unknown")
+
+
 def die_with_parent() -> None:
     """Under torchrun, end this worker when its torchrun agent dies, however it dies (Linux).
 

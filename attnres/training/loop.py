@@ -28,7 +28,7 @@ from attnres.lr_schedule import lr_at
 from attnres.model import GPT
 from attnres.optim import build_optimizer
 from attnres.tracking import depth_maps, states
-from attnres.training.distributed import Dist, agree, all_mean, sum_over_ranks
+from attnres.training.distributed import Dist, agree, all_mean, device_model, sum_over_ranks
 
 
 @dataclass
@@ -146,6 +146,18 @@ def compiles(tcfg: TrainConfig, device: torch.device) -> bool:
     return bool(tcfg.compile or (device.type == "cuda" and tcfg.compile_cuda))
 
 
+def uses_bf16(tcfg: TrainConfig, device: torch.device) -> bool:
+    """Whether steps run under bfloat16 autocast: asked for, or ``auto`` on CUDA."""
+    return tcfg.dtype == "bfloat16" or (tcfg.dtype == "auto" and device.type == "cuda")
+
+
+def speed_conditions(tcfg: TrainConfig, d: Dist) -> dict[str, object]:
+    """What this attempt's tokens/s depends on besides its variant (:mod:`attnres.tracking.speed`): device
+    model, world size, compute threads per process (the launcher sets them to fit the cores), compile, dtype."""
+    return {"device": device_model(d.device), "world_size": d.world, "threads": torch.get_num_threads(),
+            "compile": compiles(tcfg, d.device), "dtype": "bfloat16" if uses_bf16(tcfg, d.device) else "float32"}
+
+
 def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool = False,
           preemption: Preemption | None = None) -> Ending:
     """Train one run from its checkpoint folder ``ckpt`` (unless ``fresh``) to its last step, or an early end."""
@@ -165,7 +177,7 @@ def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool =
         model = torch.compile(model)
     optimizer = build_optimizer(raw_model, tcfg.lr, tcfg.weight_decay, (tcfg.beta1, tcfg.beta2),
                                 fused=d.device.type == "cuda", compiled=compiled)
-    use_bf16 = tcfg.dtype == "bfloat16" or (tcfg.dtype == "auto" and d.device.type == "cuda")
+    use_bf16 = uses_bf16(tcfg, d.device)
 
     def autocast() -> AbstractContextManager:
         return torch.autocast(d.device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()

@@ -17,7 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from attnres.errors import AttnresError
 from attnres.logline import say
-from attnres.tracking import on_end, spool, states, store
+from attnres.tracking import on_end, speed, spool, states, store
 from attnres.tracking.writer import MetricWriter
 from attnres.training.loop import Ending
 
@@ -40,7 +40,8 @@ class Heartbeat(threading.Thread):
 class RunRecorder:
     """The :class:`attnres.training.loop.Recorder` of rank 0 for a run recorded in the database."""
 
-    def __init__(self, engine: Engine, run_id: int, world_size: int = 1, device: str | None = None) -> None:
+    def __init__(self, engine: Engine, run_id: int, world_size: int = 1, device: str | None = None,
+                 conditions: dict[str, object] | None = None) -> None:
         self.engine, self.run_id = engine, run_id
         run = store.get_run(engine, run_id)
         self.rule = json.loads(run.rule_json) if run.rule_json else None
@@ -57,7 +58,9 @@ class RunRecorder:
                 spool.ingest(engine, self.writer.spool)  # what an earlier attempt could not write
             self.writer.keep_snapshot(store.run_fields(engine, run_id))  # should the database be lost
             self.writer.transition(states.RUNNING, started_at=store.now(), heartbeat_at=store.now(),
-                                   pid=os.getpid(), host=socket.gethostname(), world_size=world_size, device=device)
+                                   pid=os.getpid(), host=socket.gethostname(), world_size=world_size, device=device,
+                                   **({"conditions_json": speed.merged(run.conditions_json, conditions)}
+                                      if conditions else {}))
             started = self.writer.flush()
         if started and self.writer.refused:  # killed (or ended) before it could start: do not train
             was = self.writer.refused[0][1]
@@ -120,9 +123,10 @@ class RunRecorder:
         return ok
 
 
-def open_recorder(engine: Engine, run_id: int, world_size: int, device: str | None = None) -> RunRecorder:
+def open_recorder(engine: Engine, run_id: int, world_size: int, device: str | None = None,
+                  conditions: dict[str, object] | None = None) -> RunRecorder:
     """Rank 0's recorder; a database that cannot be read at start is one clear error."""
     try:
-        return RunRecorder(engine, run_id, world_size, device)
+        return RunRecorder(engine, run_id, world_size, device, conditions)
     except SQLAlchemyError as exc:
         raise AttnresError(f"cannot record run {run_id}: {str(exc).splitlines()[0]}") from None

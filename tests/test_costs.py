@@ -1,0 +1,177 @@
+"""Cost figures from like with like: runs record what their speed depends on, a report divides only
+throughputs measured alike, and a paired `attnres bench` stored in the database decides the rest."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import sqlite3
+
+import pandas as pd
+import pytest
+from conftest import FAST, attnres
+
+from attnres.backends.local import threads_per_process
+from reports import costs
+from reports.tables import per_variant
+from reports.verdicts import MEMORY, SPEED, cost_benefit
+
+RUN = [*FAST, "--steps", "10", "--preset", "tiny"]
+SETS = [FAST[i + 1] for i in range(len(FAST)) if FAST[i] == "--set"]
+
+
+def cost_rows(text: str) -> dict[str, list[str]]:
+    part = text.split("## Cost/Benefit Summary")[1].split("\n## ")[0]
+    return {cells[0]: cells for cells in ([c.strip() for c in ln.strip("|").split("|")]
+                                          for ln in part.splitlines() if ln.startswith("| "))}
+
+
+def test_runs_at_different_thread_counts_are_not_compared_and_a_paired_bench_decides(workdir, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the launcher fits the threads to the cores
+    attnres("launch", "standard", "control_block", "--seeds", "1", *RUN, check=True)
+    fit = threads_per_process(1)
+    if fit < 2:
+        pytest.skip("one core: no other thread count to train at")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # one more seed of control_block, at one thread
+    attnres("launch", "control_block", "--seeds", "2", *RUN, check=True)
+    with sqlite3.connect("runs.db") as conn:
+        recorded = {(v, s): json.loads(c) for v, s, c in
+                    conn.execute("select variant, seed, conditions_json from runs order by id")}
+    assert [sets[0]["threads"] for sets in recorded.values()] == [fit, fit, 1]
+    for sets in recorded.values():
+        assert len(sets) == 1 and sets[0]["device"].startswith("cpu") and sets[0]["world_size"] == 1
+        assert sets[0]["dtype"] == "float32" and sets[0]["compile"] is False
+
+    attnres("report", "--out", "r.md", "--no-plots", check=True)
+    text = open("r.md").read()
+    row = cost_rows(text)["control_block"]
+    assert row[2] == f"not comparable: threads 1, {fit} vs {fit}"  # no figure made up
+    assert re.fullmatch(r"[+-]\d+%", row[3])  # memory does not depend on the threads: compared as recorded
+    assert "`attnres bench control_block --preset tiny`" in text
+    assert "Best quality/cost ratio" not in row[4]  # a cost not measured alike ranks nothing
+
+    bench = attnres("bench", "control_block", "--preset", "tiny", *[x for s in SETS for x in ("--set", s)],
+                    "--steps", "2", "--warmup", "0", check=True)
+    assert "recorded as bench 1" in bench.stdout
+    attnres("report", "--out", "r.md", "--no-plots", check=True)
+    text = open("r.md").read()
+    with sqlite3.connect("runs.db") as conn:
+        ratio = dict(conn.execute("select variant, speed_ratio from benchmarks where session = 1").fetchall())
+        device = conn.execute("select device from benchmarks").fetchone()[0]
+    speed = (ratio["control_block"] / ratio["standard"] - 1) * 100
+    assert cost_rows(text)["control_block"][2] == f"{speed:+.0f}% (bench 1)"
+    assert f"Bench 1: {dt.date.today().isoformat()}, {device}, " in text and "preset tiny" in text
+    assert device == recorded[("standard", 1)][0]["device"]
+
+
+def test_the_launcher_fits_compute_threads_to_the_cores():
+    cores = len(os.sched_getaffinity(0))
+    assert threads_per_process(1) == cores and threads_per_process(2, 2) == max(1, cores // 4)
+    assert threads_per_process(cores * 2) == 1  # never none
+
+
+def _table(conditions: dict[tuple[str, int], list[dict] | None]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    runs, evals = [], []
+    for (variant, seed), sets in conditions.items():
+        rid = len(runs) + 1
+        runs.append({"id": rid, "variant": variant, "seed": seed, "status": "finished", "step": 100,
+                     "total_steps": 100, "stop_step": None, "final_train_loss": 3.0,
+                     "tokens_per_s": 1000.0 if variant == "standard" else 800.0,
+                     "peak_memory_bytes": 1e9 if variant == "standard" else 1.5e9,
+                     "conditions_json": json.dumps(sets) if sets is not None else None})
+        evals.append({"run_id": rid, "step": 100, "value": 3.0 if variant == "standard" else 2.9 + seed / 100})
+    return pd.DataFrame(runs), pd.DataFrame(evals)
+
+
+GPU = {"device": "NVIDIA H100", "world_size": 8, "threads": 4, "compile": True, "dtype": "bfloat16"}
+
+
+def test_like_with_like_rules():
+    # the same conditions everywhere: divided as recorded
+    runs, evals = _table({("standard", 1): [GPU], ("control_block", 1): [GPU], ("control_block", 2): [GPU]})
+    table = per_variant(runs, evals, 100)
+    out = cost_benefit(table, "standard", runs=runs, preset="paper500m")
+    assert list(out[SPEED]) == ["-20%"] and list(out[MEMORY]) == ["+50%"]
+    assert "Every run here: NVIDIA H100 x 8, 4 thread(s), bfloat16, compiled." in out.attrs["note"]
+    # another device model: neither figure, and the cell says what differs
+    other = GPU | {"device": "NVIDIA A100"}
+    runs, evals = _table({("standard", 1): [GPU], ("control_block", 1): [other]})
+    out = cost_benefit(per_variant(runs, evals, 100), "standard", runs=runs, preset="paper500m")
+    assert out[SPEED].iloc[0] == "not comparable: device NVIDIA A100 vs NVIDIA H100"
+    assert out[MEMORY].iloc[0] == "not comparable: device NVIDIA A100 vs NVIDIA H100"
+    # a run resumed under other conditions mixes them: its own figures are not like with like
+    runs, evals = _table({("standard", 1): [GPU], ("control_block", 1): [GPU, GPU | {"world_size": 4}]})
+    out = cost_benefit(per_variant(runs, evals, 100), "standard", runs=runs, preset="paper500m")
+    assert out[SPEED].iloc[0] == "not comparable: world size 4, 8 vs 8"
+    # a bench on the most common device decides the speed; memory from its CUDA peak
+    runs, evals = _table({("standard", 1): [GPU], ("control_block", 1): [GPU | {"threads": 8}],
+                          ("control_block", 2): [GPU | {"threads": 8}]})
+    benches = pd.DataFrame([
+        {"session": 4, "created_at": dt.datetime(2026, 12, 1), "device": "NVIDIA H100", "threads": 4,
+         "dtype": "bfloat16", "preset": "paper500m", "variant": v, "steps": 10, "speed_ratio": r,
+         "peak_memory_bytes": m} for v, r, m in (("standard", 1.0, 2e9), ("control_block", 0.9, 2.5e9))])
+    out = cost_benefit(per_variant(runs, evals, 100), "standard", runs=runs, benches=benches, preset="paper500m")
+    assert out[SPEED].iloc[0] == "-10% (bench 4)" and out[MEMORY].iloc[0] == "+50%"
+    assert "Bench 4: 2026-12-01, NVIDIA H100, 4 thread(s), bfloat16, preset paper500m" in out.attrs["note"]
+    # runs recorded elsewhere without conditions: divided as recorded, and the note says so
+    runs, evals = _table({("standard", 1): None, ("control_block", 1): None})
+    out = cost_benefit(per_variant(runs, evals, 100), "standard", runs=runs)
+    assert out[SPEED].iloc[0] == "-20%" and "recorded no conditions" in out.attrs["note"]
+    assert costs.differences([[GPU]], [[]], ("device",)) == "device NVIDIA H100 vs not recorded"
+
+
+def test_stars_and_labels_follow_the_printed_delta():
+    """Every star count and label is the rule applied to the Δ as printed (three decimals)."""
+    from reports.stats import shown, stars
+
+    rng = __import__("numpy").random.default_rng(7)
+    base = {s: 3.0 + float(rng.normal(0, 0.002)) for s in (1, 2)}
+    values = {"standard": base}
+    names = ["control_block", "block_alibi_depth", "block_hybrid_memory", "block_gqa_depth", "block_value_proj"]
+    # Δs on the edges of the scale: a rounding away from a star boundary
+    for name, target in zip(names, (-0.02496, -0.01504, -0.0004, -0.03449, 0.00049), strict=True):
+        values[name] = {s: v + target for s, v in base.items()}
+    rows = [{"id": i + 1, "variant": v, "seed": s, "status": "finished", "step": 100, "total_steps": 100,
+             "stop_step": None, "final_train_loss": 3.0, "tokens_per_s": 1e3, "peak_memory_bytes": 1e9}
+            for i, (v, s) in enumerate((v, s) for v, seeds in values.items() for s in seeds)]
+    runs = pd.DataFrame(rows)
+    evals = pd.DataFrame([{"run_id": r["id"], "step": 100, "value": values[r["variant"]][r["seed"]]} for r in rows])
+    out = cost_benefit(per_variant(runs, evals, 100), "standard", runs=runs)
+    for cell, verdict in zip(out["Quality (eval Δ)"], out["Verdict"], strict=True):
+        printed = float(cell.split("(")[1].rstrip(")"))
+        assert cell.split(" (")[0] == stars(printed) == stars(shown(printed)), cell
+        if printed >= 0:
+            assert verdict.startswith("Not worth it"), (cell, verdict)
+        elif -printed >= 0.020:
+            assert not verdict.startswith(("Modest", "Not worth it")), (cell, verdict)
+    assert "☆ (+0.000)" in list(out["Quality (eval Δ)"])  # -0.0004 prints as +0.000: no star, not worth it
+
+
+def test_document_parameters_are_those_of_attnres_variants(workdir):
+    """The Variants table's totals and non-embedding counts at the document's preset, and the deep table's
+    differences, are what `attnres variants --params` counts for the same preset."""
+    from seed_scenario import rows as seed_rows
+
+    seed_rows().to_csv("seed.csv", index=False)
+    attnres("import", "seed.csv", check=True)
+    attnres("report", "--out", "r.md", "--no-plots", check=True)
+    text = open("r.md").read()
+    listing = attnres("variants", "--params", "--preset", "paper500m", check=True).stdout
+    counted = {}
+    for line in listing.splitlines():
+        found = re.match(r"\s*(\w+)\s+\d+L d\d+.*?([\d.]+)M\s+([\d.]+)M\s", line)
+        if found:
+            counted[found.group(1)] = (float(found.group(2)), float(found.group(3)))
+    assert len(counted) >= 12
+    shown = {m.group(1): (float(m.group(2)), float(m.group(3))) for m in
+             re.finditer(r"^\| (\w+)\s+\|[^|]*\| ([\d.]+)M \(([\d.]+)M non-embedding\)", text, re.MULTILINE)}
+    assert set(shown) >= {"standard", "control_block", "block_hybrid_memory", "deep_control_block"}
+    for variant, (total, non_emb) in shown.items():
+        assert (total, non_emb) == pytest.approx(counted[variant], abs=0.051), variant  # (1 vs 2 decimals)
+    deep = text.split("## Deep Variants")[1].split("\n## ")[0]
+    got = re.search(r"\| deep_control_block .*?([+-][\d.]+)M \(([+-][\d.]+)%\) non-embedding", deep)
+    diff = counted["deep_control_block"][1] - counted["standard"][1]
+    assert float(got.group(1)) == pytest.approx(diff, abs=0.06)
+    assert float(got.group(2)) == pytest.approx(100 * diff / counted["standard"][1], abs=0.06)

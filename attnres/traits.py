@@ -58,7 +58,8 @@ def _query(v: Variant) -> str | None:
     s = _depth(v)
     if s is None or s.query == "site":
         return None
-    return f"one query per group of {s.query_group} layers" if s.query == "group" else "one query for every layer"
+    return f"one query per group of {s.query_group} layers" if s.query == "group" else \
+        "one query for every layer and the readout"
 
 
 def _when(test: Callable[[ResidualSpec], bool],

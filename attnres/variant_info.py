@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from attnres.errors import AttnresError
@@ -70,9 +71,10 @@ def variant_rows(preset: str | None) -> list[dict[str, object]]:
     return rows
 
 
+@functools.lru_cache(maxsize=256)
 def model_params(cfg: ModelConfig) -> dict[str, int]:
     """A model's parameter counts (total, non_embedding, residual_extra and the depth split), built on the
-    meta device: no memory, no time, whatever the size."""
+    meta device: no memory, whatever the size (and once per shape in a process: every report counts them)."""
     import torch
 
     from attnres.model import GPT

@@ -127,17 +127,22 @@ def bench(
         task = bar.add_task("building models")
         rows = bench_models(names, preset, 10 if steps is None else steps, warmup, set_, device,
                             progress=lambda msg: bar.update(task, description=msg))
-    session = None
-    if record:
+    if json_out:
+        console.print_json(json.dumps(rows))
+    else:
+        _bench_table(rows, preset, 10 if steps is None else steps)
+    if record:  # after the figures are out: a database that cannot take them loses no measurement
         from attnres.tracking.db import get_engine
 
         session = store_session(get_engine(db), rows, preset, set_, 10 if steps is None else steps)
-    if json_out:
-        console.print_json(json.dumps(rows))
-        return
+        err.print(f"recorded as bench {session} ({rows[0]['device_model']}, {rows[0]['threads']} thread(s)): "
+                  "reports take speed costs from it where the runs they compare trained under different conditions")
+
+
+def _bench_table(rows: list[dict[str, object]], preset: str, steps: int) -> None:
     r0 = rows[0]
     table = Table(title=f"attnres bench at {preset}: {r0['device']}, {r0['tokens_per_step']:,} tokens/step, "
-                        f"median of {10 if steps is None else steps} paired steps, "
+                        f"median of {steps} paired steps, "
                         f"depth attention: {r0['depth_kernel']}")
     for col in ["variant", "shape", "tokens/s", "vs standard", "IQR", "peak step memory", "saved B/token",
                 "vs standard ", "meets"]:
@@ -151,9 +156,6 @@ def bench(
         table.add_row(r["variant"], f"{r['n_layer']}L d{r['d_model']}", f"{r['tokens_per_s']:,.0f}", speed, spread,
                       peak, f"{r['saved_bytes_per_token']:,.0f}", saved, meets)
     console.print(table)
-    if session is not None:
-        console.print(f"recorded as bench {session} ({r0['device_model']}, {r0['threads']} thread(s)): reports "
-                      "take speed costs from it where the runs they compare trained under different conditions")
 
 
 @app.command()

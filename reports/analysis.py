@@ -40,7 +40,7 @@ def partial(choice: Choice, budget: int) -> bool:
 def analyse(runs: pd.DataFrame, evals: pd.DataFrame, scope: Scope, baseline: str, deep: list[str],
             step: int | None = None, launch_plans: Mapping[int, dict] | None = None,
             max_seeds: int = plans.MAX_SEEDS, db: list[str] | None = None, kinds: tuple[str, ...] = plans.KINDS,
-            benches: pd.DataFrame | None = None) -> Analysis:
+            benches: pd.DataFrame | None = None, bench_args: list[str] | None = None) -> Analysis:
     """Analyse one scope's runs against ``baseline``; ``deep`` variants form their own group; ``db`` is the
     --db the plan's commands name; ``kinds`` the parts of the plan to be launched (with its never-run
     variants, the family its seed counts must allow for is larger); ``benches`` the stored bench sessions the
@@ -65,7 +65,7 @@ def analyse(runs: pd.DataFrame, evals: pd.DataFrame, scope: Scope, baseline: str
     future = len(plans.never_run(runs, scope, baseline)[0]) if plans.NEW in kinds else 0  # joining the family
     tests = comparisons.document(runs, evals, baseline, scope.budget, group, deep_group, launch_plans, future)
     by_variant = {c.a: c for c in tests if c.kind == BASELINE}
-    verdicts = cost_benefit(table, baseline, by_variant, runs, benches, scope.preset)
+    verdicts = cost_benefit(table, baseline, by_variant, runs, benches, scope.preset, bench_args)
     found = findings.findings(tests, baseline, runs, verdicts, deep_table)
     plan = plans.make(tests, runs, scope, baseline, max_seeds, db)
     return Analysis(main, table, deep_choice, deep_table, tests, verdicts, found, plan, by_variant)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -20,13 +20,14 @@ from sqlalchemy import URL, Engine
 from attnres import traits
 from attnres.config import ModelConfig, RunConfig
 from attnres.errors import AttnresError
-from attnres.planning import git_commit
+from attnres.planning import git_commit, reproduce
 from attnres.tracking import depth_maps, launches, speed
 from attnres.tracking.reads import Results, load_results, run_table
 from attnres.tracking.states import EARLY
 from attnres.variant_info import model_params
 from attnres.variants import VARIANTS, canonical, resolve_run
 from reports import compare as cmp
+from reports import costs
 from reports.analysis import analyse
 from reports.document import Inputs, assemble, report_parts
 from reports.plan import KINDS, MAX_SEEDS, Plan
@@ -123,19 +124,34 @@ def variant_params(runs: pd.DataFrame, preset: str) -> dict[str, dict[str, int]]
 
 
 def benches_for(engine: Engine, runs: pd.DataFrame, preset: str) -> pd.DataFrame:
-    """The stored bench rows that measured these runs' models: the scope's preset, and each variant at the
-    shape (layers, width) its runs trained, where they recorded one."""
+    """The stored bench rows that measured these runs' models: the scope's preset, each variant at exactly
+    the model config its runs trained (where they recorded one), at their dtype."""
     rows = speed.benchmarks(engine, preset)
     if rows.empty:
         return rows
-    shapes = {}
+    models, dtypes = {}, set()
     for variant, grp in runs.groupby("variant", sort=False):
         config = json.loads(grp["config_json"].iloc[0] or "{}")
         if "model" in config:
-            shapes[str(variant)] = (int(config["model"]["n_layer"]), int(config["model"]["d_model"]))
-    keep = [shapes.get(v, (n, d)) == (n, d) for v, n, d in zip(rows["variant"], rows["n_layer"], rows["d_model"],
-                                                               strict=True)]
+            models[str(variant)] = json.dumps(config["model"], sort_keys=True)
+    for text in runs.get("conditions_json", pd.Series(dtype=object)).dropna():
+        dtypes |= {s.get("dtype") for s in json.loads(text)} - {None}
+    keep = [models.get(v, m) == m and (not dtypes or d in dtypes)
+            for v, m, d in zip(rows["variant"], rows["model_json"], rows["dtype"], strict=True)]
     return rows[keep].reset_index(drop=True)
+
+
+def bench_args(runs: pd.DataFrame, scope: Scope, baseline: str) -> list[str]:
+    """The ``--set`` items that give ``attnres bench`` the runs' model and batch (from a run of the baseline
+    trained here; none for runs recorded elsewhere)."""
+    mine = runs[runs["variant"] == baseline]
+    if mine.empty:
+        return []
+    run = mine.iloc[0]
+    items = reproduce(run["config_json"], run["config_hash"], scope.preset, int(run["seed"]), scope.budget,
+                      str(run["experiment"])) or []
+    model = {f.name for f in fields(ModelConfig)} - {"residual"}
+    return [item for item in items if item.split("=", 1)[0] in model | {"batch_size", "dtype"}]
 
 
 def launch_plans(engine: Engine) -> dict[int, dict]:
@@ -166,7 +182,7 @@ def write_report(engine: Engine, out: Path, baseline: str = "standard", step: in
                  baseline, step, res.maps, provenance(engine, res.runs), notes=notes, others=others,
                  tuning=tuning_markdown(table, tuned) if table is not None else "", plans=launch_plans(engine),
                  max_seeds=max_seeds, db=db_args(engine), benches=benches_for(engine, res.runs, scope.preset),
-                 params=variant_params(res.runs, scope.preset))
+                 params=variant_params(res.runs, scope.preset), bench_args=bench_args(res.runs, scope, baseline))
     try:
         before, after = report_parts(inp)  # first the text: bad data fails here, before any file is written
         if plots:
@@ -204,7 +220,10 @@ def _figures(inp: Inputs, folder: Path) -> dict[str, str]:
     if choice is not None:
         table = per_variant(inp.runs, inp.evals, choice.step, choice.compared)
         table = table[table["mark"] == ""]
-        if inp.baseline in set(table["variant"]):
+        ids = [r for ids in table["run_ids"] for r in ids.values()]
+        sets = [costs.condition_sets(c) for c in inp.runs.set_index("id").loc[ids, "conditions_json"]]
+        # throughputs recorded under different conditions measure the machine: no figure sets them side by side
+        if inp.baseline in set(table["variant"]) and costs.alike(sets, [], costs.fields_for(sets, costs.CONDITIONS)):
             _save(throughput_vs_delta(table, inp.baseline), folder / "throughput_vs_delta.png")
             figures[f"Throughput vs eval-loss Δ at step {choice.step:,}"] = "reports/throughput_vs_delta.png"
     if not inp.maps.empty:

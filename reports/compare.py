@@ -83,12 +83,20 @@ def cost(runs: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
     column = mine["conditions_json"] if "conditions_json" in mine else pd.Series(None, index=mine.index)
     sets = {v: [costs.condition_sets(c) for c in column[mine["variant"] == v]] for v in variants}
     first = variants[0]
-    speed_ok = [costs.alike(sets[v], sets[first], CONDITIONS) for v in variants]
-    memory_ok = [costs.alike(sets[v], sets[first], costs.MEMORY_CONDITIONS) for v in variants]
+    speed = costs.fields_for([s for v in variants for s in sets[v]], CONDITIONS)
+    memory = tuple(f for f in speed if f != "threads")
+    speed_ok = [costs.alike(sets[v], sets[first], speed) for v in variants]
+    memory_ok = [costs.alike(sets[v], sets[first], memory) for v in variants]
     g["tok/s vs first %"] = ((g["tokens_per_s"] / g["tokens_per_s"].iloc[0] - 1) * 100).where(speed_ok)
     g["memory vs first %"] = ((g["peak_memory_bytes"] / g["peak_memory_bytes"].iloc[0] - 1) * 100).where(memory_ok)
-    g["measured"] = ["alike" if ok else "not comparable: " + costs.differences(sets[v], sets[first], CONDITIONS)
-                     for v, ok in zip(variants, speed_ok, strict=True)]
+
+    def measured(v: str, ok: bool, fields: tuple[str, ...]) -> str:
+        if not ok:
+            return "not comparable: " + costs.differences(sets[v], sets[first], fields)
+        return "conditions not recorded" if costs.unrecorded(sets[v] + sets[first]) else "alike"
+
+    g["tok/s measured"] = [measured(v, ok, speed) for v, ok in zip(variants, speed_ok, strict=True)]
+    g["memory measured"] = [measured(v, ok, memory) for v, ok in zip(variants, memory_ok, strict=True)]
     return g.reset_index()
 
 

@@ -44,7 +44,8 @@ def _key(sets: list[dict], fields: tuple[str, ...]) -> str:
 
 
 def _values(sets_of: list[list[dict]], field: str) -> str:
-    vals = sorted({str(s.get(field)) for sets in sets_of for s in sets} or {"not recorded"})
+    vals = sorted({"not recorded" if s.get(field) is None else str(s.get(field)) for sets in sets_of for s in sets}
+                  or {"not recorded"})
     return ", ".join(vals)
 
 
@@ -62,6 +63,19 @@ def differences(a: list[list[dict]], b: list[list[dict]], fields: tuple[str, ...
 
 def alike(a: list[list[dict]], b: list[list[dict]], fields: tuple[str, ...]) -> bool:
     return len({_key(s, fields) for s in a + b}) == 1
+
+
+def unrecorded(a: list[list[dict]]) -> bool:
+    """No run here recorded its conditions (imported, or trained before they were recorded)."""
+    return not any(a)
+
+
+def fields_for(a: list[list[dict]], fields: tuple[str, ...]) -> tuple[str, ...]:
+    """The conditions that matter for these runs: on GPUs the CPU threads hardly change a step's speed."""
+    devices = [str(s.get("device")) for sets in a for s in sets if s.get("device")]
+    if devices and not any(d.startswith("cpu") for d in devices):
+        return tuple(f for f in fields if f != "threads")
+    return fields
 
 
 def device(a: list[list[dict]]) -> str | None:
@@ -91,29 +105,33 @@ def cost(variant: str, baseline: str, table: pd.DataFrame, runs: pd.DataFrame, b
         return [condition_sets(by_id.get(int(r))) for r in rows.at[v, "run_ids"].values()]
 
     a, b = sets(variant), sets(baseline)
-    out = Cost()
-    if alike(a, b, CONDITIONS):
+    speed_fields = fields_for(a + b, CONDITIONS)
+    memory_fields = tuple(f for f in speed_fields if f != "threads")
+    same_speed, same_memory = alike(a, b, speed_fields), alike(a, b, memory_fields)
+    blind = "conditions not recorded" if unrecorded(a + b) else ""
+    out = Cost(speed_from=blind, memory_from=blind)
+    if same_speed:
         out.speed = (rows.at[variant, "tokens_per_s"] / rows.at[baseline, "tokens_per_s"] - 1) * 100
-    if alike(a, b, MEMORY_CONDITIONS):
+    if same_memory:
         out.memory = (rows.at[variant, "peak_memory_bytes"] / rows.at[baseline, "peak_memory_bytes"] - 1) * 100
-    if (math.isnan(out.speed) and not alike(a, b, CONDITIONS)) or (math.isnan(out.memory) and \
-            not alike(a, b, MEMORY_CONDITIONS)):
-        found = _bench(benches, variant, baseline, device(a + b))
+    if same_speed and same_memory:
+        return out
+    found = _bench(benches, variant, baseline, device(a + b))
+    if found is not None:
+        out.bench = int(found["session"].iloc[0])
+    if not same_speed:
         if found is not None:
-            out.bench = int(found["session"].iloc[0])
-        if not alike(a, b, CONDITIONS):
-            if found is not None:
-                out.speed = (found.at[variant, "speed_ratio"] / found.at[baseline, "speed_ratio"] - 1) * 100
-                out.speed_from = f"bench {out.bench}"
-            else:
-                out.speed_from = "not comparable: " + differences(a, b, CONDITIONS)
-        if not alike(a, b, MEMORY_CONDITIONS):
-            peak = found["peak_memory_bytes"] if found is not None else None
-            if peak is not None and peak.notna().all():
-                out.memory = (peak[variant] / peak[baseline] - 1) * 100
-                out.memory_from = f"bench {out.bench}"
-            else:
-                out.memory_from = "not comparable: " + differences(a, b, MEMORY_CONDITIONS)
+            out.speed = (found.at[variant, "speed_ratio"] / found.at[baseline, "speed_ratio"] - 1) * 100
+            out.speed_from = f"bench {out.bench}"
+        else:
+            out.speed_from = "not comparable: " + differences(a, b, speed_fields)
+    if not same_memory:
+        peak = found["peak_memory_bytes"] if found is not None else None
+        if peak is not None and peak.notna().all():
+            out.memory = (peak[variant] / peak[baseline] - 1) * 100
+            out.memory_from = f"bench {out.bench}"
+        else:
+            out.memory_from = "not comparable: " + differences(a, b, memory_fields)
     return out
 
 
@@ -132,27 +150,34 @@ def conditions_text(sets: list[dict]) -> str:
                      + ("compiled" if s.get("compile") else "not compiled") for s in sets)
 
 
-def note(costs: dict[str, Cost], runs: pd.DataFrame, benches: pd.DataFrame, baseline: str, preset: str) -> str:
-    """What the cost figures rest on: the runs' conditions, each bench used, and how to measure what is missing."""
+def note(costs: dict[str, Cost], runs: pd.DataFrame, benches: pd.DataFrame, baseline: str, preset: str,
+         bench_args: list[str] | None = None) -> str:
+    """What the cost figures rest on: the runs' conditions, each bench used, and how to measure what is missing.
+    ``bench_args`` are the ``--set`` items that give the runs' model (for the bench command it suggests)."""
     recorded = [s for c in runs.get("conditions_json", pd.Series(dtype=object)) for s in condition_sets(c)]
     distinct = {json.dumps(s, sort_keys=True): s for s in recorded}
     lines = ["Speed and memory are divided only between runs that recorded the same conditions (device model, "
-             "world size, compute threads, compile, dtype; memory: all but the threads); otherwise they come "
-             "from a paired `attnres bench` session on that device, named in the cell."]
-    if not recorded:
-        lines.append("These runs recorded no conditions (imported, or trained before conditions were recorded): "
-                     "their figures are divided as recorded.")
+             "world size, compute threads (on CPUs), compile, dtype; memory: all but the threads). Otherwise the "
+             "cell says what differs, or gives the figure of an `attnres bench` session on the runs' device, named "
+             "in the cell, which timed the variants step by step in one process."]
+    blind = sorted(v for v, c in costs.items() if "conditions not recorded" in (c.speed_from, c.memory_from))
+    if blind:
+        lines.append(f"{', '.join(blind)} and {baseline}: their runs recorded no conditions (imported, or trained "
+                     "before conditions were recorded), so their figures are divided as recorded, marked.")
     elif len(distinct) == 1:
         lines.append(f"Every run here: {conditions_text(list(distinct.values()))}.")
     used = sorted({c.bench for c in costs.values() if c.bench is not None})
     for session in used:
         b = benches[benches["session"] == session].iloc[0]
         made = pd.Timestamp(b["created_at"]).date().isoformat()
-        lines.append(f"Bench {session}: {made}, {b['device']}, {int(b['threads'])} thread(s), {b['dtype']}, "
-                     f"preset {b['preset']}, median of {int(b['steps'])} paired steps.")
+        via = "" if baseline == "standard" else f" ({baseline}'s figure and the variant's are each timed against " \
+            "standard there; their ratio is given)"
+        lines.append(f"Bench {session}: {made}, {b['device']}, {int(b['threads'])} thread(s), {b['dtype']}, not "
+                     f"compiled, preset {b['preset']}, median of {int(b['steps'])} paired steps{via}.")
     missing = sorted(v for v, c in costs.items() if c.speed_from.startswith("not comparable"))
     if missing:
-        lines.append("To measure the ones marked not comparable side by side on this machine: "
-                     f"`attnres bench {' '.join(missing)}{'' if baseline == 'standard' else ' ' + baseline} "
-                     f"--preset {preset}`.")
+        named = " ".join(missing + ([] if baseline == "standard" else [baseline]))
+        sets = "".join(f" --set {item}" for item in bench_args or [])
+        lines.append(f"To measure the ones marked not comparable side by side on this machine: "
+                     f"`attnres bench {named} --preset {preset}{sets}`.")
     return " ".join(lines)

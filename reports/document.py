@@ -45,6 +45,7 @@ class Inputs:
     db: list[str] = field(default_factory=list)  # ["--db", URL] for What's Next's commands (not the default db)
     benches: pd.DataFrame = field(default_factory=pd.DataFrame)  # stored `attnres bench` rows of the preset
     params: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # variant -> total, non_embedding
+    bench_args: list[str] = field(default_factory=list)  # --set items giving `attnres bench` the runs' model
 
 
 def _md(df: pd.DataFrame) -> str:
@@ -88,9 +89,10 @@ def variants_section(inp: Inputs) -> str:
     })
     missing = [v for v in inp.descriptions if v not in present]
     tail = f"\nNot run in this scope: {', '.join(missing)}.\n" if missing else ""
-    counted = (f"\nParameters: as trained at preset {inp.scope.preset} (the output layer is tied to the token "
-               "embedding; non-embedding leaves the embedding out); `attnres variants --params --preset "
-               f"{inp.scope.preset}` splits the depth attention's.\n") if inp.params else ""
+    counted = (f"\nParameters: as trained (runs recorded elsewhere: the variant's model at preset "
+               f"{inp.scope.preset}); the output layer is tied to the token embedding, and non-embedding leaves the "
+               f"embedding out; `attnres variants --params --preset {inp.scope.preset}` splits the depth "
+               "attention's.\n") if inp.params else ""
     return "## Variants\n\n" + _md(rows) + "\n" + counted + tail
 
 
@@ -228,7 +230,7 @@ def report_parts(inp: Inputs, title: str = "AttnRes: Attention Over the Residual
         raise ReportError(f"no runs of the baseline '{inp.baseline}' in {inp.scope.label()}; run it or pass --baseline")
     deep = [v for v in inp.deep if v != inp.baseline]
     a = analyse(inp.runs, inp.evals, inp.scope, inp.baseline, deep, inp.step, inp.plans, inp.max_seeds, inp.db,
-                benches=inp.benches)
+                benches=inp.benches, bench_args=inp.bench_args)
     parts = [f"# {title}\n", header(inp), variants_section(inp), inp.tuning, main_section(inp, a),
              ended_section(inp.runs)]
     parts.append(multi_seed_section(multi_seed(inp.runs, a.table, inp.baseline, a.main.step), inp.baseline,

@@ -73,7 +73,7 @@ def _depth_attention(tests: list[Comparison], baseline: str) -> Finding | None:
     if not mine:
         return None
     best = min(mine, key=lambda c: c.delta)
-    ahead = [c for c in mine if c.delta < 0]
+    ahead = [c for c in mine if shown(c.delta) < 0]  # as printed: a Δ shown as +0.000 is not ahead
     f = Finding(f"Depth attention against {baseline}")
     cls = evidence_class(best)
     count = f"{len(ahead)} of {len(mine)} depth-attention variants are" if len(mine) > 1 else \

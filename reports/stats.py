@@ -232,13 +232,13 @@ def seed_plan(a: dict[int, float], b: dict[int, float], delta: float, alpha: flo
     """Seeds per arm to resolve ``delta`` at ``alpha``, for the design the next test will have, with the
     count at the spread's 80% upper bound beside it (both rest on few seeds).
 
-    Arms sharing 2+ seeds are planned paired (σ of the per-seed differences: a plan adds the same seeds
-    to both arms); otherwise Welch with the arms' spread, or ``pooled`` (std, degrees of freedom: the
-    scope's seed spread) when neither arm has two seeds. Returns design, need, upper, basis.
+    Arms holding the same 2+ seeds are planned paired (σ of the per-seed differences), as that is the
+    test they get (:func:`design`) and a plan adds the same seeds to both; otherwise Welch with the arms'
+    spread, or ``pooled`` (std, degrees of freedom: the scope's seed spread) when neither arm has two
+    seeds. Returns design, need, upper, basis.
     """
-    shared = sorted(set(a) & set(b))
-    diffs = np.array([a[s] - b[s] for s in shared], dtype=float)
-    if len(diffs) >= 2:
+    if design(a, b) == PAIRED:
+        diffs = np.array([a[s] - b[s] for s in sorted(a)], dtype=float)
         sd, df = float(np.std(diffs, ddof=1)), len(diffs) - 1
         need = pairs_needed(delta, sd, alpha)
         return {"design": PAIRED, "need": need, "upper": pairs_needed(delta, sd_upper(sd, df), alpha),

@@ -49,8 +49,8 @@ def _qualifier(variant: str, cost: pd.Series, above: list[str], ratio_only: bool
 
 
 def cost_benefit(table: pd.DataFrame, baseline: str, tests: dict[str, Comparison] | None = None,
-                 runs: pd.DataFrame | None = None, benches: pd.DataFrame | None = None, preset: str = ""
-                 ) -> pd.DataFrame:
+                 runs: pd.DataFrame | None = None, benches: pd.DataFrame | None = None, preset: str = "",
+                 bench_args: list[str] | None = None) -> pd.DataFrame:
     """Quality Δ (stars), speed and memory change vs baseline (%, from like with like: :mod:`reports.costs`),
     and a verdict per variant (:data:`RULE`); ``tests`` are the variants' comparisons with the baseline (their
     evidence follows each verdict), ``runs`` the scope's runs (their conditions), ``benches`` the stored bench
@@ -63,11 +63,12 @@ def cost_benefit(table: pd.DataFrame, baseline: str, tests: dict[str, Comparison
     if runs is None:  # (no run table: every figure as recorded)
         runs = pd.DataFrame({"id": [r for ids in table["run_ids"] for r in ids.values()]})
     bench_rows = benches if benches is not None else pd.DataFrame(columns=["session", "device", "variant"])
-    t["delta"] = [shown(d) for d in t["eval"] - base["eval"]]  # labels follow the Δ as printed
+    t["raw"] = t["eval"] - base["eval"]
+    t["delta"] = [shown(d) for d in t["raw"]]  # labels follow the Δ as printed (ties: the unrounded one)
     figures = {v: costs.cost(v, baseline, table, runs, bench_rows) for v in t["variant"]}
     t["speed"] = [figures[v].speed for v in t["variant"]]
     t["memory"] = [figures[v].memory for v in t["variant"]]
-    t = t.sort_values("delta", kind="stable").set_index("variant", drop=False)
+    t = t.sort_values(["delta", "raw"], kind="stable").set_index("variant", drop=False)
     known = t["speed"].notna() & t["memory"].notna()
     t["cost"] = (t["speed"].clip(upper=0).abs() + t["memory"].clip(lower=0)).clip(lower=1).where(known)
     better = t[t["delta"] < 0]
@@ -96,5 +97,5 @@ def cost_benefit(table: pd.DataFrame, baseline: str, tests: dict[str, Comparison
         "Verdict": [verdict(v) for v in t.index],
     }, columns=cols).reset_index(drop=True)
     out.attrs.update(best_quality=best_q, best_ratio=best_r,
-                     note=costs.note(figures, runs, bench_rows, baseline, preset))
+                     note=costs.note(figures, runs, bench_rows, baseline, preset, bench_args))
     return out

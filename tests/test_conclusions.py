@@ -254,7 +254,7 @@ def test_interpretation_findings_come_from_traits_with_their_numbers_and_evidenc
     assert any(s.startswith("At step 50 (partial), eval loss orders deep_control_block 3.250 < standard "
                             f"{np.mean([x + 0.3 for x in finals['standard'].values()]):.3f} < deep_baseline 3.350")
                for s, _ in said)
-    # every tested number is scipy's and statsmodels': Welch p per pair, Holm per family at look 1 (p x 2)
+    # every tested number is scipy's and statsmodels': the p of each pair's test, Holm per family at look 1 (p x 2)
     rows = evidence_rows(text)
     for family in (evidence.PRIMARY, evidence.SECONDARY):
         mine = [r for r in rows if r["p"] != "—" and (r["Kind"].startswith("contrast")) ==

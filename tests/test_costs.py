@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import os
 import re
+import shlex
 import sqlite3
 
 import pandas as pd
@@ -14,6 +15,7 @@ import pytest
 from conftest import FAST, attnres
 
 from attnres.backends.local import threads_per_process
+from attnres.tracking import speed
 from reports import costs
 from reports.tables import per_variant
 from reports.verdicts import MEMORY, SPEED, cost_benefit
@@ -49,12 +51,13 @@ def test_runs_at_different_thread_counts_are_not_compared_and_a_paired_bench_dec
     row = cost_rows(text)["control_block"]
     assert row[2] == f"not comparable: threads 1, {fit} vs {fit}"  # no figure made up
     assert re.fullmatch(r"[+-]\d+%", row[3])  # memory does not depend on the threads: compared as recorded
-    assert "`attnres bench control_block --preset tiny`" in text
     assert "Best quality/cost ratio" not in row[4]  # a cost not measured alike ranks nothing
-
-    bench = attnres("bench", "control_block", "--preset", "tiny", *[x for s in SETS for x in ("--set", s)],
-                    "--steps", "2", "--warmup", "0", check=True)
-    assert "recorded as bench 1" in bench.stdout
+    # the note gives the command that measures it: the runs' model, side by side on this machine
+    command = re.search(r"`(attnres bench control_block --preset tiny [^`]*)`", text).group(1)
+    assert all(f"--set {s}" in command for s in SETS if s.split("=")[0] in {"n_layer", "d_model", "n_head",
+                                                                          "seq_len", "vocab_size", "batch_size"})
+    bench = attnres(*shlex.split(command)[1:], "--steps", "2", "--warmup", "0", check=True)
+    assert "recorded as bench 1" in bench.stderr
     attnres("report", "--out", "r.md", "--no-plots", check=True)
     text = open("r.md").read()
     with sqlite3.connect("runs.db") as conn:
@@ -105,21 +108,37 @@ def test_like_with_like_rules():
     runs, evals = _table({("standard", 1): [GPU], ("control_block", 1): [GPU, GPU | {"world_size": 4}]})
     out = cost_benefit(per_variant(runs, evals, 100), "standard", runs=runs, preset="paper500m")
     assert out[SPEED].iloc[0] == "not comparable: world size 4, 8 vs 8"
-    # a bench on the most common device decides the speed; memory from its CUDA peak
-    runs, evals = _table({("standard", 1): [GPU], ("control_block", 1): [GPU | {"threads": 8}],
-                          ("control_block", 2): [GPU | {"threads": 8}]})
+    # on GPUs the CPU threads hardly matter: not held against the figures
+    runs, evals = _table({("standard", 1): [GPU], ("control_block", 1): [GPU | {"threads": 8}]})
+    out = cost_benefit(per_variant(runs, evals, 100), "standard", runs=runs, preset="paper500m")
+    assert out[SPEED].iloc[0] == "-20%"
+    # on a CPU they do: a bench on the runs' device decides the speed; memory does not depend on them
+    cpu = {"device": "cpu: Xeon", "world_size": 1, "threads": 2, "compile": False, "dtype": "float32"}
+    runs, evals = _table({("standard", 1): [cpu], ("control_block", 1): [cpu | {"threads": 1}],
+                          ("control_block", 2): [cpu]})
     benches = pd.DataFrame([
-        {"session": 4, "created_at": dt.datetime(2026, 12, 1), "device": "NVIDIA H100", "threads": 4,
-         "dtype": "bfloat16", "preset": "paper500m", "variant": v, "steps": 10, "speed_ratio": r,
-         "peak_memory_bytes": m} for v, r, m in (("standard", 1.0, 2e9), ("control_block", 0.9, 2.5e9))])
-    out = cost_benefit(per_variant(runs, evals, 100), "standard", runs=runs, benches=benches, preset="paper500m")
+        {"session": 4, "created_at": dt.datetime(2026, 12, 1), "device": "cpu: Xeon", "threads": 2,
+         "dtype": "float32", "preset": "tiny", "variant": v, "steps": 10, "speed_ratio": r, "peak_memory_bytes": None}
+        for v, r in (("standard", 1.0), ("control_block", 0.9))])
+    out = cost_benefit(per_variant(runs, evals, 100), "standard", runs=runs, benches=benches, preset="tiny")
     assert out[SPEED].iloc[0] == "-10% (bench 4)" and out[MEMORY].iloc[0] == "+50%"
-    assert "Bench 4: 2026-12-01, NVIDIA H100, 4 thread(s), bfloat16, preset paper500m" in out.attrs["note"]
-    # runs recorded elsewhere without conditions: divided as recorded, and the note says so
+    assert "Bench 4: 2026-12-01, cpu: Xeon, 2 thread(s), float32, not compiled, preset tiny" in out.attrs["note"]
+    # a bench on another device is not used
+    out = cost_benefit(per_variant(runs, evals, 100), "standard", runs=runs,
+                       benches=benches.assign(device="cpu: EPYC"), preset="tiny")
+    assert out[SPEED].iloc[0] == "not comparable: threads 1, 2 vs 2"
+    # runs recorded elsewhere without conditions: divided as recorded, marked, and the note says so
     runs, evals = _table({("standard", 1): None, ("control_block", 1): None})
     out = cost_benefit(per_variant(runs, evals, 100), "standard", runs=runs)
-    assert out[SPEED].iloc[0] == "-20%" and "recorded no conditions" in out.attrs["note"]
+    assert out[SPEED].iloc[0] == "-20% (conditions not recorded)"
+    assert "control_block and standard: their runs recorded no conditions" in out.attrs["note"]
     assert costs.differences([[GPU]], [[]], ("device",)) == "device NVIDIA H100 vs not recorded"
+    # a run resumed by this version after training under an older one: its first steps' conditions are unknown
+    resumed = json.loads(speed.merged(None, GPU, trained_before=True))
+    assert resumed == [speed.UNKNOWN, GPU] and json.loads(speed.merged(None, GPU)) == [GPU]
+    runs, evals = _table({("standard", 1): [GPU], ("control_block", 1): resumed})
+    out = cost_benefit(per_variant(runs, evals, 100), "standard", runs=runs)
+    assert out[SPEED].iloc[0].startswith("not comparable: device NVIDIA H100, not recorded vs NVIDIA H100")
 
 
 def test_stars_and_labels_follow_the_printed_delta():

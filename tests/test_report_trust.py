@@ -53,6 +53,13 @@ def import_seed(workdir, db="runs.db"):
     attnres("import", "seed.csv", "--db", str(workdir / db), check=True)
 
 
+def cost_rows(text: str) -> dict[str, list[str]]:
+    """The Cost/Benefit table's rows: variant -> its cells."""
+    part = text.split("\n## ")[0]
+    return {cells[0]: cells for cells in ([c.strip() for c in ln.strip().strip("|").split("|")]
+                                          for ln in part.splitlines() if ln.startswith("| ") and "---" not in ln)}
+
+
 def test_seed_document_regenerated_from_its_figures(workdir):
     """The seed's own situation: its tables where the seed is consistent; where it is not, ours say why."""
     import_seed(workdir)
@@ -80,13 +87,17 @@ def test_seed_document_regenerated_from_its_figures(workdir):
     assert "deep_hybrid_memory still too early to compare (step ~1,200)." in deep
     # stars on the seed's scale; costs as the seed's; verdicts need evidence: the baseline has one seed
     cost = text.split("## Cost/Benefit Summary")[1]
-    for row in ["| block_gqa_depth       | ★★★½ (-0.025)      | -46%                        | +82%  ",
-                "| control_block         | ★★★ (-0.022)       | -46%  ", "| block_alibi_depth     | ★★ (-0.012) ",
-                "| block_input_dep_query | ☆ (+0.001)         | -53%                        | +99%                   | "
-                "Not worth it", "| block_hybrid_memory   | ★★★½ (-0.026)      | -57%                        | +145% "]:
-        assert row in cost, row
+    rows = cost_rows(cost)
+    for variant, quality, speed, memory in [("block_gqa_depth", "★★★½ (-0.025)", "-46%", "+82%"),
+                                            ("control_block", "★★★ (-0.022)", "-46%", "+82%"),
+                                            ("block_alibi_depth", "★★ (-0.012)", "-46%", "+82%"),
+                                            ("block_input_dep_query", "☆ (+0.001)", "-53%", "+99%"),
+                                            ("block_hybrid_memory", "★★★½ (-0.026)", "-57%", "+145%")]:
+        blind = " (conditions not recorded)"  # imported: what the throughputs were measured under is unknown
+        assert rows[variant][1:4] == [quality, speed + blind, memory + blind], rows[variant]
+    assert rows["block_input_dep_query"][4].startswith("Not worth it")
     assert "Speed (tok/s vs baseline)" in cost and "Memory (vs baseline)" in cost  # one sign: change vs baseline
-    assert "These runs recorded no conditions (imported" in cost
+    assert "their runs recorded no conditions (imported" in cost
     # parameters as trained at the preset: 757M (680M without the tied embedding); deep: +3.3% non-embedding
     assert "| standard              |" in text and "756.8M (679.6M non-embedding)" in text
     assert "| deep_control_block | 2.946 (seed 42) | -0.028                  | -0.6M (-0.1%) total, +22.4M (+3.3%) " \

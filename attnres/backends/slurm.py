@@ -58,6 +58,8 @@ def script(run_id: int, db_url: str, p: Placement, workdir: Path, log: Path) -> 
     lines += ['HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
               "PORT=$((29500 + SLURM_JOB_ID % 1000))",
               f'echo "attnres run {int(run_id)} job $SLURM_JOB_ID restart ${{SLURM_RESTART_COUNT:-0}} on $HEAD"',
+              # compute threads per process to fit the CPUs the job holds (the trainer records the number)
+              f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-$(( ${{SLURM_CPUS_PER_TASK:-{per_node}}} / {per_node} ))}}",
               f"srun --kill-on-bad-exit=1 {cmd}"]
     return "\n".join(lines) + "\n"
 

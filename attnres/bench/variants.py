@@ -18,7 +18,7 @@ import contextlib
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 from sqlalchemy import Engine
@@ -161,7 +161,7 @@ def bench_models(variants: list[str], preset: str = "bench", steps: int = 10, wa
             "variant": c.name, "preset": preset, "device": str(dev), "depth_kernel": path, "tokens_per_step": tokens,
             "device_model": device_model(dev), "threads": torch.get_num_threads(),
             "dtype": "bfloat16" if bf16 else "float32",
-            "n_layer": c.model.cfg.n_layer, "d_model": c.model.cfg.d_model,
+            "n_layer": c.model.cfg.n_layer, "d_model": c.model.cfg.d_model, "model": asdict(c.model.cfg),
             "step_ms": 1e3 * statistics.median(c.times),
             "step_ms_min": 1e3 * min(c.times), "step_ms_max": 1e3 * max(c.times),
             "tokens_per_s": tps, "speed_ratio": speed, "speed_ratio_q1": q1, "speed_ratio_q3": q3,
@@ -179,8 +179,13 @@ def store_session(engine: Engine, rows: list[dict[str, object]], preset: str, ov
     """Keep a bench's rows in the database as one session (:mod:`attnres.tracking.speed`): a report takes a
     variant's speed cost from the newest one on the runs' device when the runs trained under different
     conditions. Returns the session's number."""
+    from sqlalchemy.exc import SQLAlchemyError
+
     from attnres.tracking import speed
 
     first = rows[0]
-    return speed.record_bench(engine, rows, str(first["device_model"]), int(first["threads"]), str(first["dtype"]),
-                              preset, overrides or [], steps)
+    try:
+        return speed.record_bench(engine, rows, str(first["device_model"]), int(first["threads"]),
+                                  str(first["dtype"]), preset, overrides or [], steps)
+    except SQLAlchemyError as exc:
+        raise AttnresError(f"the bench is not recorded: {str(exc).splitlines()[0]}") from None

@@ -98,6 +98,7 @@ class Benchmark(Base):
     variant: Mapped[str] = mapped_column(String(64))
     n_layer: Mapped[int] = mapped_column(Integer)
     d_model: Mapped[int] = mapped_column(Integer)
+    model_json: Mapped[str] = mapped_column(Text)  # the variant's whole model config: what a run must match
     steps: Mapped[int] = mapped_column(Integer)
     tokens_per_s: Mapped[float] = mapped_column(Float)
     speed_ratio: Mapped[float] = mapped_column(Float)  # median of paired step-time ratios, standard / variant

@@ -23,9 +23,13 @@ from attnres.tracking.schema import Benchmark
 CONDITIONS = ("device", "world_size", "threads", "compile", "dtype")
 
 
-def merged(recorded: str | None, now: Mapping[str, Any]) -> str:
-    """A run's ``conditions_json`` once an attempt under ``now`` joins it: the list of distinct sets."""
-    sets = json.loads(recorded) if recorded else []
+UNKNOWN: dict[str, Any] = dict.fromkeys(CONDITIONS)  # an attempt that recorded none (before migration 0008)
+
+
+def merged(recorded: str | None, now: Mapping[str, Any], trained_before: bool = False) -> str:
+    """A run's ``conditions_json`` once an attempt under ``now`` joins it: the list of distinct sets. A run
+    that had trained (``trained_before``) without recording any keeps an unknown set for those steps."""
+    sets = json.loads(recorded) if recorded else ([UNKNOWN] if trained_before else [])
     entry = {k: now.get(k) for k in CONDITIONS}
     if entry not in sets:
         sets.append(entry)
@@ -41,7 +45,8 @@ def record_bench(engine: Engine, rows: Sequence[Mapping[str, Any]], device: str,
         conn.execute(insert(Benchmark), [{
             "session": session, "created_at": now, "device": device, "threads": threads, "dtype": dtype,
             "preset": preset, "overrides_json": json.dumps(list(overrides)), "variant": r["variant"],
-            "n_layer": r["n_layer"], "d_model": r["d_model"], "steps": steps, "tokens_per_s": r["tokens_per_s"],
+            "n_layer": r["n_layer"], "d_model": r["d_model"], "model_json": json.dumps(r["model"], sort_keys=True),
+            "steps": steps, "tokens_per_s": r["tokens_per_s"],
             "speed_ratio": r["speed_ratio"], "speed_ratio_q1": r["speed_ratio_q1"],
             "speed_ratio_q3": r["speed_ratio_q3"], "peak_memory_bytes": r["peak_memory_bytes"],
             "saved_ratio": r["saved_ratio"]} for r in rows])
@@ -49,8 +54,8 @@ def record_bench(engine: Engine, rows: Sequence[Mapping[str, Any]], device: str,
 
 
 BENCH_COLUMNS = ["session", "created_at", "device", "threads", "dtype", "preset", "overrides_json", "variant",
-                 "n_layer", "d_model", "steps", "tokens_per_s", "speed_ratio", "speed_ratio_q1", "speed_ratio_q3",
-                 "peak_memory_bytes", "saved_ratio"]
+                 "n_layer", "d_model", "model_json", "steps", "tokens_per_s", "speed_ratio", "speed_ratio_q1",
+                 "speed_ratio_q3", "peak_memory_bytes", "saved_ratio"]
 
 
 def benchmarks(engine: Engine, preset: str | None = None) -> pd.DataFrame:

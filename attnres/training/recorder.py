@@ -59,7 +59,7 @@ class RunRecorder:
             self.writer.keep_snapshot(store.run_fields(engine, run_id))  # should the database be lost
             self.writer.transition(states.RUNNING, started_at=store.now(), heartbeat_at=store.now(),
                                    pid=os.getpid(), host=socket.gethostname(), world_size=world_size, device=device,
-                                   **({"conditions_json": speed.merged(run.conditions_json, conditions)}
+                                   **({"conditions_json": speed.merged(run.conditions_json, conditions, run.step > 0)}
                                       if conditions else {}))
             started = self.writer.flush()
         if started and self.writer.refused:  # killed (or ended) before it could start: do not train

@@ -36,6 +36,7 @@ def upgrade() -> None:
         sa.Column("variant", sa.String(64), nullable=False),
         sa.Column("n_layer", sa.Integer, nullable=False),
         sa.Column("d_model", sa.Integer, nullable=False),
+        sa.Column("model_json", sa.Text, nullable=False),
         sa.Column("steps", sa.Integer, nullable=False),
         sa.Column("tokens_per_s", sa.Float, nullable=False),
         sa.Column("speed_ratio", sa.Float, nullable=False),

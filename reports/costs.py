@@ -29,7 +29,7 @@ class Cost:
 
     speed: float = math.nan
     memory: float = math.nan
-    speed_from: str = ""  # "" (the runs' own figures), "bench N" or why there is none
+    speed_from: str = ""  # "" (the runs' own figures), "bench N, DATE" or why there is none
     memory_from: str = ""
     bench: int | None = None  # the bench session a figure came from
 
@@ -117,26 +117,28 @@ def cost(variant: str, baseline: str, table: pd.DataFrame, runs: pd.DataFrame, b
     if same_speed and same_memory:
         return out
     found = _bench(benches, variant, baseline, device(a + b))
+    named = ""
     if found is not None:
         out.bench = int(found["session"].iloc[0])
+        named = f"bench {out.bench}, {pd.Timestamp(found['created_at'].iloc[0]).date().isoformat()}"
     if not same_speed:
         if found is not None:
             out.speed = (found.at[variant, "speed_ratio"] / found.at[baseline, "speed_ratio"] - 1) * 100
-            out.speed_from = f"bench {out.bench}"
+            out.speed_from = named
         else:
             out.speed_from = "not comparable: " + differences(a, b, speed_fields)
     if not same_memory:
         peak = found["peak_memory_bytes"] if found is not None else None
         if peak is not None and peak.notna().all():
             out.memory = (peak[variant] / peak[baseline] - 1) * 100
-            out.memory_from = f"bench {out.bench}"
+            out.memory_from = named
         else:
             out.memory_from = "not comparable: " + differences(a, b, memory_fields)
     return out
 
 
 def cell(value: float, source: str) -> str:
-    """'-46%', '-46% (bench 3)' or 'not comparable: threads 1, 2 vs 1'."""
+    """'-46%', '-46% (bench 3, 2026-12-05)' or 'not comparable: threads 1, 2 vs 1'."""
     if source.startswith("not comparable"):
         return source
     if not math.isfinite(value):

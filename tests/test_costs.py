@@ -10,6 +10,7 @@ import re
 import shlex
 import sqlite3
 
+import numpy as np
 import pandas as pd
 import pytest
 from conftest import FAST, attnres
@@ -64,7 +65,7 @@ def test_runs_at_different_thread_counts_are_not_compared_and_a_paired_bench_dec
         ratio = dict(conn.execute("select variant, speed_ratio from benchmarks where session = 1").fetchall())
         device = conn.execute("select device from benchmarks").fetchone()[0]
     speed = (ratio["control_block"] / ratio["standard"] - 1) * 100
-    assert cost_rows(text)["control_block"][2] == f"{speed:+.0f}% (bench 1)"
+    assert cost_rows(text)["control_block"][2] == f"{speed:+.0f}% (bench 1, {dt.date.today().isoformat()})"
     assert f"Bench 1: {dt.date.today().isoformat()}, {device}, " in text and "preset tiny" in text
     assert device == recorded[("standard", 1)][0]["device"]
 
@@ -121,7 +122,7 @@ def test_like_with_like_rules():
          "dtype": "float32", "preset": "tiny", "variant": v, "steps": 10, "speed_ratio": r, "peak_memory_bytes": None}
         for v, r in (("standard", 1.0), ("control_block", 0.9))])
     out = cost_benefit(per_variant(runs, evals, 100), "standard", runs=runs, benches=benches, preset="tiny")
-    assert out[SPEED].iloc[0] == "-10% (bench 4)" and out[MEMORY].iloc[0] == "+50%"
+    assert out[SPEED].iloc[0] == "-10% (bench 4, 2026-12-01)" and out[MEMORY].iloc[0] == "+50%"
     assert "Bench 4: 2026-12-01, cpu: Xeon, 2 thread(s), float32, not compiled, preset tiny" in out.attrs["note"]
     # a bench on another device is not used
     out = cost_benefit(per_variant(runs, evals, 100), "standard", runs=runs,
@@ -141,31 +142,35 @@ def test_like_with_like_rules():
     assert out[SPEED].iloc[0].startswith("not comparable: device NVIDIA H100, not recorded vs NVIDIA H100")
 
 
-def test_stars_and_labels_follow_the_printed_delta():
-    """Every star count and label is the rule applied to the Δ as printed (three decimals)."""
-    from reports.stats import shown, stars
+def test_stars_and_labels_follow_the_printed_delta(workdir):
+    """On an imported synthetic grid with Δs at the edges of the scale, every star count and label in the
+    written document is the rule applied to the Δ as printed (three decimals)."""
+    from reports.stats import stars
 
-    rng = __import__("numpy").random.default_rng(7)
-    base = {s: 3.0 + float(rng.normal(0, 0.002)) for s in (1, 2)}
-    values = {"standard": base}
-    names = ["control_block", "block_alibi_depth", "block_hybrid_memory", "block_gqa_depth", "block_value_proj"]
-    # Δs on the edges of the scale: a rounding away from a star boundary
-    for name, target in zip(names, (-0.02496, -0.01504, -0.0004, -0.03449, 0.00049), strict=True):
-        values[name] = {s: v + target for s, v in base.items()}
-    rows = [{"id": i + 1, "variant": v, "seed": s, "status": "finished", "step": 100, "total_steps": 100,
-             "stop_step": None, "final_train_loss": 3.0, "tokens_per_s": 1e3, "peak_memory_bytes": 1e9}
-            for i, (v, s) in enumerate((v, s) for v, seeds in values.items() for s in seeds)]
-    runs = pd.DataFrame(rows)
-    evals = pd.DataFrame([{"run_id": r["id"], "step": 100, "value": values[r["variant"]][r["seed"]]} for r in rows])
-    out = cost_benefit(per_variant(runs, evals, 100), "standard", runs=runs)
-    for cell, verdict in zip(out["Quality (eval Δ)"], out["Verdict"], strict=True):
-        printed = float(cell.split("(")[1].rstrip(")"))
-        assert cell.split(" (")[0] == stars(printed) == stars(shown(printed)), cell
-        if printed >= 0:
-            assert verdict.startswith("Not worth it"), (cell, verdict)
-        elif -printed >= 0.020:
-            assert not verdict.startswith(("Modest", "Not worth it")), (cell, verdict)
-    assert "☆ (+0.000)" in list(out["Quality (eval Δ)"])  # -0.0004 prints as +0.000: no star, not worth it
+    rng = np.random.default_rng(7)
+    base = {s: 3.0 + float(rng.normal(0, 0.002)) for s in (1, 2, 3)}
+    names = ["control_block", "block_alibi_depth", "block_hybrid_memory", "block_gqa_depth", "block_value_proj",
+             "block_rope_depth", "block_sparse_depth"]
+    targets = (-0.02496, -0.01504, -0.0004, -0.03449, 0.00049, -0.00951, -0.0195)  # a rounding from a boundary
+    values = {"standard": base} | {n: {s: v + t + float(rng.normal(0, 1e-5)) for s, v in base.items()}
+                                    for n, t in zip(names, targets, strict=True)}
+    pd.DataFrame([{"variant": v, "seed": s, "step": 100, "key": "eval_loss", "value": x, "preset": "tiny"}
+                  for v, seeds in values.items() for s, x in seeds.items()]).to_csv("grid.csv", index=False)
+    attnres("import", "grid.csv", check=True)
+    attnres("report", "--out", "r.md", "--no-plots", check=True)
+    rows = cost_rows(open("r.md").read())
+    assert len(rows) == len(names) + 1  # (the header row)
+    for variant in names:
+        quality, verdict = rows[variant][1], rows[variant][4]
+        printed = float(quality.split("(")[1].rstrip(")"))
+        assert quality.split(" (")[0] == stars(printed), quality
+        assert verdict.startswith("Not worth it") == (printed >= 0), (quality, verdict)
+        if -printed >= 0.020:
+            assert not verdict.startswith(("Modest", "Not worth it")), (quality, verdict)
+        elif printed < 0 and "Best" not in verdict:
+            assert verdict.startswith("Modest"), (quality, verdict)
+    assert rows["block_hybrid_memory"][1] == "☆ (+0.000)"  # -0.0004 prints as +0.000: no star, not worth it
+    assert rows["control_block"][1] == "★★★½ (-0.025)" and rows["block_alibi_depth"][1] == "★★½ (-0.015)"
 
 
 def test_document_parameters_are_those_of_attnres_variants(workdir):

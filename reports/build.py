@@ -223,7 +223,7 @@ def _figures(inp: Inputs, folder: Path) -> dict[str, str]:
         ids = [r for ids in table["run_ids"] for r in ids.values()]
         sets = [costs.condition_sets(c) for c in inp.runs.set_index("id").loc[ids, "conditions_json"]]
         # throughputs recorded under different conditions measure the machine: no figure sets them side by side
-        if inp.baseline in set(table["variant"]) and costs.alike(sets, [], costs.fields_for(sets, costs.CONDITIONS)):
+        if inp.baseline in set(table["variant"]) and costs.alike(sets, [], costs.fields_for(sets)[0]):
             _save(throughput_vs_delta(table, inp.baseline), folder / "throughput_vs_delta.png")
             figures[f"Throughput vs eval-loss Δ at step {choice.step:,}"] = "reports/throughput_vs_delta.png"
     if not inp.maps.empty:

@@ -10,7 +10,6 @@ import pandas as pd
 from statsmodels.stats.multitest import multipletests
 
 from attnres.config import flatten
-from attnres.tracking.speed import CONDITIONS
 from reports import costs
 from reports.stats import ReportError, finite, mean_ci, versus
 
@@ -36,7 +35,7 @@ def seed_stats(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str], ste
     """Per variant at ``step``: seeds, mean, std, 95% CI; against the first: Δ, Welch t/p with its
     Holm-adjusted p over the variants compared with the first (statsmodels), the paired test over shared
     seeds, and the seeds per arm an exact power calculation asks for, for the test they would face (paired
-    when the arms share seeds: :func:`reports.stats.seed_plan`), also at the spread's 80% upper bound."""
+    when the arms hold the same seeds: :func:`reports.stats.seed_plan`), also at the spread's 80% upper bound."""
     at = finite(evals)[lambda e: e["step"] == step].merge(runs[["id", "variant", "seed"]], left_on="run_id",
                                                            right_on="id")
     by_seed = {v: dict(zip(g["seed"], g["value"], strict=True)) for v, g in at.groupby("variant")}
@@ -83,8 +82,7 @@ def cost(runs: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
     column = mine["conditions_json"] if "conditions_json" in mine else pd.Series(None, index=mine.index)
     sets = {v: [costs.condition_sets(c) for c in column[mine["variant"] == v]] for v in variants}
     first = variants[0]
-    speed = costs.fields_for([s for v in variants for s in sets[v]], CONDITIONS)
-    memory = tuple(f for f in speed if f != "threads")
+    speed, memory = costs.fields_for([s for v in variants for s in sets[v]])
     speed_ok = [costs.alike(sets[v], sets[first], speed) for v in variants]
     memory_ok = [costs.alike(sets[v], sets[first], memory) for v in variants]
     g["tok/s vs first %"] = ((g["tokens_per_s"] / g["tokens_per_s"].iloc[0] - 1) * 100).where(speed_ok)

@@ -20,8 +20,6 @@ import pandas as pd
 
 from attnres.tracking.speed import CONDITIONS
 
-MEMORY_CONDITIONS = tuple(c for c in CONDITIONS if c != "threads")  # threads do not change what a step holds
-
 
 @dataclass
 class Cost:
@@ -70,12 +68,13 @@ def unrecorded(a: list[list[dict]]) -> bool:
     return not any(a)
 
 
-def fields_for(a: list[list[dict]], fields: tuple[str, ...]) -> tuple[str, ...]:
-    """The conditions that matter for these runs: on GPUs the CPU threads hardly change a step's speed."""
+def fields_for(a: list[list[dict]]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The conditions that matter for these runs' speed and for their memory: on GPUs the CPU threads hardly
+    change a step's speed, and threads never change what a step holds."""
     devices = [str(s.get("device")) for sets in a for s in sets if s.get("device")]
-    if devices and not any(d.startswith("cpu") for d in devices):
-        return tuple(f for f in fields if f != "threads")
-    return fields
+    gpus = bool(devices) and not any(d.startswith("cpu") for d in devices)
+    memory = tuple(f for f in CONDITIONS if f != "threads")
+    return (memory if gpus else CONDITIONS), memory
 
 
 def device(a: list[list[dict]]) -> str | None:
@@ -105,8 +104,7 @@ def cost(variant: str, baseline: str, table: pd.DataFrame, runs: pd.DataFrame, b
         return [condition_sets(by_id.get(int(r))) for r in rows.at[v, "run_ids"].values()]
 
     a, b = sets(variant), sets(baseline)
-    speed_fields = fields_for(a + b, CONDITIONS)
-    memory_fields = tuple(f for f in speed_fields if f != "threads")
+    speed_fields, memory_fields = fields_for(a + b)
     same_speed, same_memory = alike(a, b, speed_fields), alike(a, b, memory_fields)
     blind = "conditions not recorded" if unrecorded(a + b) else ""
     out = Cost(speed_from=blind, memory_from=blind)

@@ -15,7 +15,7 @@ Three rules keep a document's "resolved" honest (see :data:`METHOD`):
 
 The test is paired (per-seed differences) when both arms hold the same seeds, Welch's otherwise.
 Seeds per arm to resolve come from an exact power calculation (noncentral t, power 0.8) for the test
-the next look will make (paired when the arms share seeds, as plans pair them) at the level it will
+the next look will make (paired when the arms hold the same seeds) at the level it will
 face in its family (α/2^k / m, Holm's strictest step), and again at the spread's 80% upper bound.
 """
 
@@ -50,9 +50,9 @@ METHOD = ("Tests: on the eval loss of the seeds of complete stages, a paired t-t
           "untested (the p-value would be 0 for any Δ). Seeds per arm to resolve: exact power 0.8 (noncentral t) at "
           "the level the comparison's next decision will face, α/2^k divided by its family's size once the plan's "
           "never-run variants join it, for the observed Δ and the test it will face: paired (σ of the per-seed "
-          "differences) when the arms share 2+ seeds, as a plan adds the same seeds to both; otherwise Welch with "
-          "the arms' spread (or the scope's pooled seed spread when neither arm has two seeds). A spread from a few "
-          "seeds is uncertain, so the count is also given at σ's 80% upper confidence bound (chi-square).")
+          "differences) when the arms hold the same 2+ seeds, as a plan adds the same seeds to both; otherwise Welch "
+          "with the arms' spread (or the scope's pooled seed spread when neither arm has two seeds). A spread from a "
+          "few seeds is uncertain, so the count is also given at σ's 80% upper confidence bound (chi-square).")
 
 
 @dataclass
@@ -216,16 +216,15 @@ def evidence_class(c: Comparison) -> str:
     return RESOLVED if c.delta < 0 else CONTRADICTED
 
 
-def need_text(c: Comparison) -> str:
+def need_text(c: Comparison, unit: str = "") -> str:
     """Seeds per arm to resolve, the test they are planned for, and the count at the spread's upper bound:
     '~3 (paired; up to 9 if σ is at its 80% upper bound)'."""
-    return _need_text(c.need, c.need_hi, c.plan_design + (" at the pooled spread" if c.pooled else ""))
+    return _need_text(c.need, c.need_hi, c.plan_design + (" at the pooled spread" if c.pooled else ""), unit)
 
 
 def seeds_text(c: Comparison) -> str:
     """'~3 seeds per arm (paired; up to 9 if σ is at its 80% upper bound)'."""
-    count, _, notes = need_text(c).partition(" (")
-    return f"{count} seeds per arm" + (f" ({notes}" if notes else "")
+    return need_text(c, " seeds per arm")
 
 
 def evidence_text(c: Comparison) -> str:

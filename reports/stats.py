@@ -255,17 +255,18 @@ def seed_plan(a: dict[int, float], b: dict[int, float], delta: float, alpha: flo
             "upper": seeds_needed(delta, sd_upper(sd, df), sd_upper(sd, df), alpha), "basis": basis}
 
 
-def need_text(need: float, upper: float = math.nan, how: str = "") -> str:
-    """'~3 (paired; up to 9 if σ is at its 80% upper bound)', '~3', '> 100,000' or 'n/a'."""
+def need_text(need: float, upper: float = math.nan, how: str = "", unit: str = "") -> str:
+    """'~3 (paired; up to 9 if σ is at its 80% upper bound)', '~3', '> 100,000' or 'n/a'; ``unit`` follows the
+    count ('~3 seeds per arm (paired; ...)')."""
     if need != need:
         return "n/a"
-    if math.isinf(need):
-        return "> 100,000" + (f" ({how})" if how else "")
     notes = [how] if how else []
+    if math.isinf(need):
+        return "> 100,000" + unit + (f" ({how})" if how else "")
     if upper == upper and upper > need:
         notes.append("up to " + ("> 100,000" if math.isinf(upper) else f"{upper:,.0f}")
                      + f" if σ is at its {UPPER:.0%} upper bound")
-    return f"~{need:,.0f}" + (f" ({'; '.join(notes)})" if notes else "")
+    return f"~{need:,.0f}{unit}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def versus(a: dict[int, float], b: dict[int, float]) -> dict[str, float]:

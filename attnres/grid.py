@@ -138,3 +138,26 @@ def parse_pick(items: Iterable[str]) -> dict[str, str]:
 def matches(values: Mapping[str, str], pick: Mapping[str, str]) -> bool:
     """Whether a run's settings hold every picked value."""
     return all(values.get(k) == v for k, v in pick.items())
+
+
+def parse_arm(text: str) -> tuple[str, dict[str, str]]:
+    """A compared arm: ``VARIANT`` or a cell of it, ``VARIANT@KEY=VALUE[,KEY=VALUE...]`` (values normalised).
+    One clear line for a malformed one."""
+    name, sep, cell = text.partition("@")
+    if not sep:
+        return name, {}
+    hint = "give VARIANT@KEY=VALUE[,KEY=VALUE], e.g. control_block@lr=1e-3"
+    pick: dict[str, str] = {}
+    for item in cell.split(","):
+        key, eq, value = item.strip().partition("=")
+        if not name or not eq or not key or not value or "@" in value:
+            raise AttnresError(f"bad arm '{text}': {hint}")
+        if key in pick:
+            raise AttnresError(f"bad arm '{text}': {key} is given twice")
+        pick[key] = normal(value)
+    return name, pick
+
+
+def arm_label(variant: str, pick: Mapping[str, str]) -> str:
+    """An arm's name in tables and figures: ``control_block`` or ``control_block@lr=0.001``."""
+    return variant + ("@" + ",".join(f"{k}={v}" for k, v in pick.items()) if pick else "")

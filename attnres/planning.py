@@ -126,6 +126,41 @@ def on_end_command(command: str | None) -> list[str]:
     return [os.path.abspath(argv[0]) if os.sep in argv[0] else argv[0], *argv[1:]]
 
 
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh"})
+
+
+def _shell_syntax(command: str) -> list[str]:
+    """The shell operators (redirections, pipes, ``&&``, ``;``) and expansions (``$VAR``, backquotes) in a
+    command line, outside quotes for the operators."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        found = [t for t in lexer if t and set(t) <= set("();<>|&")]
+    except ValueError:
+        return []
+    found += re.findall(r"\$(?:[A-Za-z_]\w*|\{[^}]*\}|\()|`", command)
+    return list(dict.fromkeys(found))
+
+
+def on_end_warning(command: str | None) -> str | None:
+    """What ``--on-end`` will not do, when its line holds shell syntax: the command runs without a shell, so
+    redirections, pipes, ``&&`` and ``$VAR`` reach it as plain words. Returns the warning with the ``sh -c``
+    form that does what the line says; None for a plain command, or one that already starts a shell."""
+    if not command:
+        return None
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    found = _shell_syntax(command)
+    if not words or not found or (os.path.basename(words[0]) in SHELLS and "-c" in words[1:]):
+        return None
+    # the line to type: single quotes outside keep $VAR for the shell that runs it, not the one launching
+    inner = f'sh -c "{command}"' if not set(command) & set("\"'\\`") else shlex.join(["sh", "-c", command])
+    return (f"--on-end runs its command without a shell, so {' '.join(found)} reach {words[0]} as plain "
+            f"words; for shell syntax start a shell: --on-end {shlex.quote(inner)}")
+
+
 @dataclass
 class PlannedRun:
     cfg: RunConfig

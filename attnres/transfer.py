@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import Engine
 
+from attnres import outputs
 from attnres.errors import AttnresError
 from attnres.tracking import depth_maps, launches, states, store
 from attnres.variants import canonical
@@ -52,11 +53,12 @@ def export(engine: Engine, out: Path, fmt: str = "csv", experiment: str | None =
     ``out``; return their paths."""
     if fmt not in {"csv", "parquet"}:
         raise AttnresError(f"unknown export format '{fmt}'; choose csv or parquet")
+    outputs.check(out, folder=True)
     runs = store.runs_frame(engine, experiment=experiment, preset=preset)
     if runs.empty and (experiment or preset):
         raise AttnresError("no runs match " + " and ".join(f"--{k} {v}" for k, v in
                                                            (("experiment", experiment), ("preset", preset)) if v))
-    out.mkdir(parents=True, exist_ok=True)
+    outputs.prepare(out, folder=True)
     metrics = store.all_metrics(engine, runs["id"].tolist())
     cols = ["variant", "seed", "status", "preset", "experiment", "total_steps", "device", "message", "launch"]
     metrics = metrics.join(runs.rename(columns={"launch_id": "launch"}).set_index("id")[cols], on="run_id")

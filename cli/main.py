@@ -13,6 +13,7 @@ from rich import box
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
+from attnres import outputs
 from attnres.errors import AttnresError
 from cli.app import BudgetOpt, CellOpt, DataOpt, DbOpt, ExperimentOpt, PresetOpt, TunedOpt, app, console, err
 from cli.bars import RunBars
@@ -88,6 +89,8 @@ def launch(
                           key_values(backend_opt or [], "--backend-opt"))
     req = planning.request(variant, seeds, preset, steps, set_, data, backend, placement, kill_if_worse_than,
                            by, at_step, force, experiment, mirror, on_end)
+    if warning := planning.on_end_warning(on_end):
+        err.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
     url = normalize_url(db)
     engine = None if dry_run else get_engine(db)
     cells = planning.plan(engine, req)
@@ -269,7 +272,8 @@ def report(
 
 @app.command()
 def compare(
-    variant: Annotated[list[str], typer.Argument(help="two or more variants; Δ is against the first")],
+    variant: Annotated[list[str], typer.Argument(help="two or more arms, each a variant or a cell of one "
+                                                 "(VARIANT@KEY=VALUE[,KEY=VALUE]); Δ is against the first")],
     step: Annotated[int | None, typer.Option(min=0, help="step for the seed statistics (default: last common)")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="also write the comparison as markdown")] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="save Δ eval loss vs the first variant over steps (PNG)")
@@ -282,25 +286,32 @@ def compare(
     tuned: TunedOpt = None,
     db: DbOpt = None,
 ) -> None:
-    """Compare variants side by side: aligned eval losses, seed statistics, config, cost."""
+    """Compare variants, or settings of one (control_block@lr=1e-3 control_block@lr=3e-3), side by side: aligned
+    eval losses, seed statistics, config, cost."""
     from attnres.grid import parse_pick
     from attnres.tracking.db import get_engine
+    from reports import compare as compare_tables
     from reports.build import compare as run_compare
 
     pick = parse_pick(set_ or [])
+    if out:
+        outputs.check(out)
     result = run_compare(get_engine(db, create=False), variant, step, plot, experiment, preset, budget, data, pick,
                          tuned)
     console.print(f"{result.scope.label()}")
     if result.tuning is not None:
         _print_frame(result.tuning, f"Tuning of {tuned}: each variant at its best value")
     _print_frame(result.aligned, "Eval loss at common steps (seed mean)", ".4f")
-    _print_frame(result.stats, f"Statistics over seeds at step {result.step} (Welch and paired t vs "
-                               f"{result.variants[0]})", ".4f")
+    _print_frame(compare_tables.summary(result.stats), f"Statistics over seeds at step {result.step} vs "
+                                                        f"{result.variants[0]}")
+    console.print(compare_tables.STATS_NOTE, highlight=False)
+    if len(result.stats) > 1:
+        _print_frame(compare_tables.both_tests(result.stats), "Welch's and the paired test")
     if len(result.config):
         _print_frame(result.config, "Config differences")
     _print_frame(result.cost, "Throughput and memory", ",.1f")
     if out:
-        out.write_text(result.markdown())
+        outputs.prepare(out).write_text(result.markdown())
         console.print(f"wrote {out}")
     if plot:
         console.print(f"wrote {plot}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -17,9 +16,10 @@ import pandas as pd
 from matplotlib.figure import Figure
 from sqlalchemy import URL, Engine
 
-from attnres import traits
+from attnres import grid, outputs, traits
 from attnres.config import ModelConfig, RunConfig
 from attnres.errors import AttnresError
+from attnres.grid import arm_label, parse_arm
 from attnres.planning import git_commit, reproduce
 from attnres.tracking import depth_maps, launches, speed
 from attnres.tracking.reads import Results, load_results, run_table
@@ -28,26 +28,18 @@ from attnres.variant_info import model_params
 from attnres.variants import VARIANTS, canonical, resolve_run
 from reports import compare as cmp
 from reports import costs
-from reports.analysis import analyse
-from reports.document import Inputs, assemble, report_parts
+from reports.analysis import Analysis, analyse
+from reports.document import Inputs, assemble, bands, report_parts
 from reports.plan import KINDS, MAX_SEEDS, Plan
 from reports.plots import delta_curves, depth_heatmaps, throughput_vs_delta
-from reports.scope import Scope, choose, select
+from reports.scope import Scope, choose, select, select_arms
 from reports.stats import ReportError
 from reports.tables import per_variant
 from reports.tuning import tune, tuning_markdown
 
 
-def _writable(path: Path) -> None:
-    parent = path.resolve().parent
-    if not parent.is_dir():
-        raise AttnresError(f"cannot write '{path}': folder '{parent}' does not exist")
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise AttnresError(f"cannot write '{path}': permission denied")
-
-
 def _save(fig: Figure, path: Path) -> None:
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(outputs.prepare(path), dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -169,8 +161,9 @@ def write_report(engine: Engine, out: Path, baseline: str = "standard", step: in
     ``pick`` chooses a cell of a sweep (``--set lr=1e-3``); ``tuned`` compares each variant at its best
     value of a swept setting (``--tuned lr``).
     """
-    _writable(out)
+    outputs.check(out)
     runs, scope, others = _scoped(engine, experiment, preset, budget, baseline, data, pick, tuned)
+    _one_variant(runs, scope, others, baseline)
     res = load_results(engine, step=step, runs=runs)
     table = _tuned(res, tuned)
     notes = []
@@ -184,14 +177,35 @@ def write_report(engine: Engine, out: Path, baseline: str = "standard", step: in
                  max_seeds=max_seeds, db=db_args(engine), benches=benches_for(engine, res.runs, scope.preset),
                  params=variant_params(res.runs, scope.preset), bench_args=bench_args(res.runs, scope, baseline))
     try:
-        before, after = report_parts(inp)  # first the text: bad data fails here, before any file is written
+        before, after, analysis = report_parts(inp)  # first the text: bad data fails here, before any file is written
         if plots:
-            inp.figures = _figures(inp, out.resolve().parent / "reports")
+            inp.figures = _figures(inp, out.resolve().parent / "reports", analysis)
         text = assemble(before, inp.figures, after)
     except ReportError as exc:
         raise AttnresError(f"cannot build the report: {exc}") from None
-    out.write_text(text)
+    outputs.prepare(out).write_text(text)
     return text
+
+
+def _one_variant(runs: pd.DataFrame, scope: Scope, others: list[Scope], baseline: str) -> None:
+    """A scope that holds one variant only, swept over a setting, has no baseline to compare against but its
+    cells: say how to compare them (``attnres compare VARIANT@KEY=A VARIANT@KEY=B``)."""
+    names = set(runs["variant"])
+    if baseline in names or len(names) != 1:
+        return
+    variant = names.pop()
+    if scope.tuned:
+        values = sorted({grid.settings(c).get(scope.tuned) for c in runs["config_json"]} - {None})
+        cells = [f"{scope.tuned}={v}" for v in values]
+    else:
+        base = (scope.experiment, scope.preset, scope.budget, scope.data)
+        cells = [scope.cell] + [o.cell for o in others if (o.experiment, o.preset, o.budget, o.data) == base]
+        cells = [c for c in cells if c]
+    if len(cells) < 2:
+        return
+    arms = " ".join(f"{variant}@{c.replace(' ', ',')}" for c in cells[:2])
+    raise AttnresError(f"no runs of the baseline '{baseline}' in {scope.label()}: only {variant} was run there; "
+                       f"compare its settings with `attnres compare {arms}`, or pass --baseline {variant}")
 
 
 def next_plan(engine: Engine, baseline: str = "standard", experiment: str | None = None, preset: str | None = None,
@@ -210,10 +224,11 @@ def next_plan(engine: Engine, baseline: str = "standard", experiment: str | None
         raise AttnresError(f"cannot plan: {exc}") from None
 
 
-def _figures(inp: Inputs, folder: Path) -> dict[str, str]:
-    folder.mkdir(exist_ok=True)
+def _figures(inp: Inputs, folder: Path, analysis: Analysis) -> dict[str, str]:
     figures = {}
-    _save(delta_curves(inp.runs, inp.evals, inp.baseline, deep=set(inp.deep)), folder / "delta_curves.png")
+    intervals = {v: c.ci for v, c in analysis.by_variant.items()}
+    _save(delta_curves(inp.runs, inp.evals, inp.baseline, deep=set(inp.deep), bands=bands(analysis)),
+          folder / "delta_curves.png")
     figures["Δ eval loss vs the baseline over steps"] = "reports/delta_curves.png"
     shallow = [v for v in sorted(set(inp.runs["variant"])) if v not in inp.deep]
     choice = choose(inp.runs, inp.evals, shallow, inp.baseline, inp.step)
@@ -224,7 +239,7 @@ def _figures(inp: Inputs, folder: Path) -> dict[str, str]:
         sets = [costs.condition_sets(c) for c in inp.runs.set_index("id").loc[ids, "conditions_json"]]
         # throughputs recorded under different conditions measure the machine: no figure sets them side by side
         if inp.baseline in set(table["variant"]) and costs.alike(sets, [], costs.fields_for(sets)[0]):
-            _save(throughput_vs_delta(table, inp.baseline), folder / "throughput_vs_delta.png")
+            _save(throughput_vs_delta(table, inp.baseline, intervals), folder / "throughput_vs_delta.png")
             figures[f"Throughput vs eval-loss Δ at step {choice.step:,}"] = "reports/throughput_vs_delta.png"
     if not inp.maps.empty:
         named = inp.maps.merge(inp.runs[["id", "variant"]], left_on="run_id", right_on="id")
@@ -253,33 +268,53 @@ class Comparison:
 def compare(engine: Engine, variants: list[str], step: int | None = None, plot: Path | None = None,
             experiment: str | None = None, preset: str | None = None, budget: int | None = None,
             data: str | None = None, pick: dict[str, str] | None = None, tuned: str | None = None) -> Comparison:
-    """Compare variants side by side within one scope (a cell of a sweep: ``pick``; or each variant at its
-    best value of ``tuned``); optionally save their Δ curves to ``plot``."""
-    names = [canonical(v) for v in variants]
-    if len(set(names)) < 2:
-        raise AttnresError("compare needs at least two different variants, e.g. attnres compare standard control_block")
+    """Compare arms side by side within one scope; optionally save their Δ curves to ``plot``.
+
+    An arm is a variant, or a cell of one (``control_block@lr=1e-3``: :func:`attnres.grid.parse_arm`), so two
+    settings of one variant compare as two variants do. ``pick`` (``--set``) chooses a cell of a sweep for every
+    arm; ``tuned`` compares each variant at its best value of that setting.
+    """
+    arms = [(canonical(v), p) for v, p in map(parse_arm, variants)]
+    labels = [arm_label(v, p) for v, p in arms]
+    if len(set(labels)) < 2:
+        raise AttnresError("compare needs two different arms: variants (attnres compare standard control_block) or "
+                           "cells of one (attnres compare control_block@lr=1e-3 control_block@lr=3e-3)")
+    cells = any(p for _, p in arms)
+    if cells and tuned is not None:
+        raise AttnresError("--tuned picks each variant's best value itself: name cells with @ or use --tuned, "
+                           "not both")
+    names = list(dict.fromkeys(v for v, _ in arms))
     if plot is not None:
-        _writable(plot)
+        outputs.check(plot)
     all_runs = run_table(engine)
     mine = all_runs[all_runs["variant"].isin(names)]
     if mine.empty:
         raise AttnresError(f"no runs of {', '.join(names)}")
     try:
-        runs, scope, _ = select(mine, experiment, preset, budget, data=data, pick=pick, tuned=tuned)
-        res = load_results(engine, names, step=step, runs=runs)
+        if cells:
+            runs, scope = select_arms(mine, arms, experiment, preset, budget, data, pick)
+        else:
+            runs, scope, _ = select(mine, experiment, preset, budget, data=data, pick=pick, tuned=tuned)
+            runs = runs.assign(arm=runs["variant"])
+        arm_of = dict(zip(runs["id"], runs["arm"], strict=True))
+        res = load_results(engine, names, step=step, runs=runs.drop(columns="arm"))
         table = _tuned(res, tuned)
+        res.runs = res.runs.assign(variant=res.runs["id"].map(arm_of))
         res.runs = res.runs.sort_values("id").drop_duplicates(["variant", "seed"], keep="last")  # a rerun replaces
         res.evals = res.evals[res.evals["run_id"].isin(res.runs["id"])]
-        aligned = cmp.aligned_evals(res.runs, res.evals, names)
+        aligned = cmp.aligned_evals(res.runs, res.evals, labels)
         at = step if step is not None else int(aligned["step"].max())
         if at not in set(aligned["step"]):
             raise ReportError(f"not every variant has an eval loss at step {at}")
-        result = Comparison(names, at, scope, aligned, cmp.seed_stats(res.runs, res.evals, names, at),
-                            cmp.config_diff(res.runs, names), cmp.cost(res.runs, names), table)
+        stats = cmp.seed_stats(res.runs, res.evals, labels, at)
+        result = Comparison(labels, at, scope, aligned, stats, cmp.config_diff(res.runs, labels),
+                            cmp.cost(res.runs, labels), table)
     except ReportError as exc:
         raise AttnresError(f"cannot compare: {exc}") from None
     if plot is not None:
-        _save(delta_curves(res.runs, res.evals, names[0], names), plot)
+        levels = stats.attrs["levels"]
+        _save(delta_curves(res.runs, res.evals, labels[0], labels, bands={v: (None, levels[v]) for v in labels}),
+              plot)
     return result
 
 
@@ -290,7 +325,7 @@ def inspect(engine: Engine, run_id: int, out: Path, step: int | None = None) -> 
     runs = run_table(engine)
     if run_id not in set(runs["id"]):
         raise AttnresError(f"no run with id {run_id}")
-    _writable(out)
+    outputs.check(out)
     have = depth_maps.steps(engine, run_id)
     run = runs[runs["id"] == run_id].iloc[0]
     if not have:

@@ -11,7 +11,23 @@ from statsmodels.stats.multitest import multipletests
 
 from attnres.config import flatten
 from reports import costs
-from reports.stats import ReportError, finite, mean_ci, versus
+from reports.stats import (
+    ALPHA,
+    PAIRED,
+    WELCH,
+    ReportError,
+    decision_confidence,
+    design,
+    finite,
+    flat,
+    interval,
+    level_text,
+    mean_ci,
+    need_text,
+    test_p,
+    versus,
+)
+from reports.tables import num
 
 
 def aligned_evals(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
@@ -32,13 +48,16 @@ def aligned_evals(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str]) 
 
 
 def seed_stats(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str], step: int) -> pd.DataFrame:
-    """Per variant at ``step``: seeds, mean, std, 95% CI; against the first: Δ, Welch t/p with its
-    Holm-adjusted p over the variants compared with the first (statsmodels), the paired test over shared
-    seeds, and the seeds per arm an exact power calculation asks for, for the test they would face (paired
-    when the arms hold the same seeds: :func:`reports.stats.seed_plan`), also at the spread's 80% upper bound."""
+    """Per arm at ``step``: seeds, mean, std, 95% CI of the mean; against the first arm: Δ, the test the arms
+    get (paired over the per-seed differences when both hold the same seeds, else Welch's: the document's
+    rule) with its p-value, Holm's adjustment over the arms compared with the first (statsmodels), the
+    evidence that gives at α = 0.05, and the Δ's interval for that test at the level that agrees with it
+    (95% for one comparison: :func:`reports.stats.decision_confidence`); then Welch's and the paired test
+    both, and the seeds per arm an exact power calculation asks for (:func:`reports.stats.seed_plan`), also at
+    the spread's 80% upper bound."""
     at = finite(evals)[lambda e: e["step"] == step].merge(runs[["id", "variant", "seed"]], left_on="run_id",
                                                            right_on="id")
-    by_seed = {v: dict(zip(g["seed"], g["value"], strict=True)) for v, g in at.groupby("variant")}
+    by_seed = {v: dict(zip(g["seed"].astype(int), g["value"], strict=True)) for v, g in at.groupby("variant")}
     ref = by_seed.get(variants[0], {})
     rows = []
     for v in variants:
@@ -46,16 +65,32 @@ def seed_stats(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str], ste
         mean, std, lo, hi = mean_ci(np.array(list(mine.values())))
         ev = versus(mine, ref) if v != variants[0] else dict.fromkeys(
             ["t", "p", "paired_t", "paired_p", "seeds_needed", "seeds_upper"], math.nan) | {"pairs": 0, "design": ""}
+        tested = v != variants[0] and len(mine) >= 2 and len(ref) >= 2
+        test = (f"paired ({len(mine)} pairs)" if design(mine, ref) == PAIRED else WELCH) if tested else ""
+        p = test_p(mine, ref) if tested and not flat(mine, ref) else math.nan
         delta = mean - float(np.mean(list(ref.values()))) if ref and mine else math.nan
         rows.append({"variant": v, "seeds": len(mine), "mean": mean, "std": std, "ci_low": lo, "ci_high": hi,
-                     "delta": delta, "welch_t": ev["t"], "welch_p": ev["p"], "paired_n": ev["pairs"],
+                     "delta": delta, "test": test, "p": p, "_arms": (mine, ref),
+                     "welch_t": ev["t"], "welch_p": ev["p"], "paired_n": ev["pairs"],
                      "paired_t": ev["paired_t"], "paired_p": ev["paired_p"], "seeds_needed": ev["seeds_needed"],
                      "seeds_if_sd_80pct_high": ev["seeds_upper"], "seeds_for_test": ev["design"]})
     out = pd.DataFrame(rows)
-    out.insert(out.columns.get_loc("welch_p") + 1, "holm_p", math.nan)
-    tested = out.index[out["welch_p"].notna()]
+    holm = pd.Series(math.nan, index=out.index)
+    tested = out.index[out["p"].notna()]
     if len(tested):
-        out.loc[tested, "holm_p"] = multipletests(out.loc[tested, "welch_p"].to_numpy(), method="holm")[1]
+        holm[tested] = multipletests(out.loc[tested, "p"].to_numpy(), method="holm")[1]
+    level = [decision_confidence(p, q) for p, q in zip(out["p"], holm, strict=True)]
+    bounds = [interval(*arms, c) if t else (math.nan, math.nan)
+              for arms, c, t in zip(out["_arms"], level, out["test"], strict=True)]
+    at_p = out.columns.get_loc("p") + 1
+    out.insert(at_p, "holm_p", holm)
+    out.insert(at_p + 1, "evidence", ["resolved" if q <= ALPHA else "unresolved" if q == q else
+                                      ("" if i == 0 else "untested") for i, q in enumerate(holm)])
+    out.insert(at_p + 2, "delta_low", [b[0] for b in bounds])
+    out.insert(at_p + 3, "delta_high", [b[1] for b in bounds])
+    out.insert(at_p + 4, "level", [level_text(c) if t else "" for c, t in zip(level, out["test"], strict=True)])
+    out = out.drop(columns="_arms")
+    out.attrs["levels"] = dict(zip(out["variant"], level, strict=True))  # (for the Δ figure's band)
     return out
 
 
@@ -98,6 +133,41 @@ def cost(runs: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
     return g.reset_index()
 
 
+def summary(stats_: pd.DataFrame) -> pd.DataFrame:
+    """The statistics a reader decides on, one row per arm (strings): mean ± std, Δ, the test made, its p and
+    Holm's, the evidence, the Δ interval at its level, and the seeds per arm to resolve."""
+    def interval_cell(r: pd.Series) -> str:
+        if not (math.isfinite(r["delta_low"]) and math.isfinite(r["delta_high"])):
+            return "—"
+        return f"[{r['delta_low']:+.4f}, {r['delta_high']:+.4f}] ({r['level']})"
+
+    return pd.DataFrame({
+        "arm": stats_["variant"],
+        "seeds": stats_["seeds"].astype(int),
+        "eval loss": [f"{m:.4f}" + (f" ± {s:.4f}" if math.isfinite(s) else "")
+                      for m, s in zip(stats_["mean"], stats_["std"], strict=True)],
+        "Δ": [num(d, "+.4f") if i else "—" for i, d in enumerate(stats_["delta"])],
+        "test": [t or "—" for t in stats_["test"]],
+        "p": [num(p, ".3g") for p in stats_["p"]],
+        "Holm p": [num(p, ".3g") for p in stats_["holm_p"]],
+        "evidence": [e or "—" for e in stats_["evidence"]],
+        "Δ interval": [interval_cell(r) for _, r in stats_.iterrows()],
+        "seeds per arm to resolve": [need_text(n, u, d) if i and e != "resolved" else "—" for i, (n, u, d, e) in
+                                     enumerate(zip(stats_["seeds_needed"], stats_["seeds_if_sd_80pct_high"],
+                                                   stats_["seeds_for_test"], stats_["evidence"], strict=True))],
+    })
+
+
+def both_tests(stats_: pd.DataFrame) -> pd.DataFrame:
+    """Welch's test and the paired test of each arm against the first, side by side (strings)."""
+    rest = stats_.iloc[1:]
+    return pd.DataFrame({
+        "arm": rest["variant"], "Welch t": [num(x, ".4f") for x in rest["welch_t"]],
+        "Welch p": [num(x, ".4g") for x in rest["welch_p"]], "pairs": rest["paired_n"].astype(int),
+        "paired t": [num(x, ".4f") for x in rest["paired_t"]], "paired p": [num(x, ".4g") for x in rest["paired_p"]],
+    })
+
+
 def compare_markdown(aligned: pd.DataFrame, stats_: pd.DataFrame, diff: pd.DataFrame, costs: pd.DataFrame,
                      step: int, scope: object = None) -> str:
     """All comparison tables as one markdown document."""
@@ -105,7 +175,16 @@ def compare_markdown(aligned: pd.DataFrame, stats_: pd.DataFrame, diff: pd.DataF
         f"# Comparison: {' vs '.join(stats_['variant'])}\n",
         *([f"Scope: {scope.label()}.\n"] if scope is not None else []),
         "## Eval loss at common steps (seed mean)\n", aligned.to_markdown(index=False, floatfmt=".4f"), "",
-        f"## Statistics over seeds at step {step}\n", stats_.to_markdown(index=False, floatfmt=".4f"), "",
+        f"## Statistics over seeds at step {step}\n", STATS_NOTE + "\n",
+        summary(stats_).to_markdown(index=False, disable_numparse=True), "",
+        "### Both tests\n", both_tests(stats_).to_markdown(index=False, disable_numparse=True), "",
+        "### Every figure\n", stats_.to_markdown(index=False, floatfmt=".4f"), "",
         "## Config differences\n", diff.to_markdown(index=False) if len(diff) else "_(none besides the variant)_", "",
         "## Throughput and memory\n", costs.to_markdown(index=False, floatfmt=".1f"), "",
     ])
+
+
+STATS_NOTE = ("Against the first arm: a paired t-test over the per-seed differences when both arms hold the same "
+              "seeds (same seed, same data order), else Welch's; Holm over the arms compared; resolved when Holm's "
+              "p ≤ 0.05. The Δ interval is that test's, at the level that agrees with Holm's decision (95% for one "
+              "comparison), so it holds 0 exactly when the comparison is unresolved; --plot draws it as the band.")

@@ -217,13 +217,14 @@ def maps_section(inp: Inputs) -> str:
 
 def build_report(inp: Inputs, title: str = "AttnRes: Attention Over the Residual Stream — Experimental Results") -> str:
     """The whole document for one scope."""
-    before, after = report_parts(inp, title)
+    before, after, _ = report_parts(inp, title)
     return assemble(before, inp.figures, after)
 
 
 def report_parts(inp: Inputs, title: str = "AttnRes: Attention Over the Residual Stream — Experimental Results",
-                 ) -> tuple[list[str], list[str]]:
-    """The document's sections before and after its figures (so figures drawn afterwards need no rebuild)."""
+                 ) -> tuple[list[str], list[str], Analysis]:
+    """The document's sections before and after its figures (so figures drawn afterwards need no rebuild), and
+    the analysis they state (the figures draw its tests' intervals)."""
     if inp.runs.empty:
         raise ReportError("no runs in this scope: launch some first (attnres launch ...)")
     if inp.baseline not in set(inp.runs["variant"]):
@@ -245,7 +246,13 @@ def report_parts(inp: Inputs, title: str = "AttnRes: Attention Over the Residual
     running = inp.runs[inp.runs["status"].isin(ACTIVE)]
     if len(running):
         after.append(f"_{len(running)} run(s) still queued or running: this document is a snapshot._\n")
-    return parts, after
+    return parts, after, a
+
+
+def bands(a: Analysis) -> dict[str, tuple[list[int], float]]:
+    """Per variant tested against the baseline: the runs its test used and the level of its decision, for the Δ
+    figure's band (:func:`reports.plots.delta_curves`)."""
+    return {v: (c.run_ids, c.ci_level) for v, c in a.by_variant.items()}
 
 
 def assemble(before: list[str], figures: Mapping[str, str], after: list[str]) -> str:

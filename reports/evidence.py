@@ -30,7 +30,19 @@ import pandas as pd
 from statsmodels.stats.multitest import multipletests
 
 from attnres.tracking.states import ACTIVE, PREEMPTED
-from reports.stats import ALPHA, PAIRED, WELCH, design, flat, seed_plan, shown, test_p
+from reports.stats import (
+    ALPHA,
+    PAIRED,
+    WELCH,
+    decision_confidence,
+    design,
+    flat,
+    interval,
+    level_text,
+    seed_plan,
+    shown,
+    test_p,
+)
 from reports.stats import need_text as _need_text
 from reports.tables import num
 
@@ -47,7 +59,10 @@ METHOD = ("Tests: on the eval loss of the seeds of complete stages, a paired t-t
           "spends at most α = 0.05 in all (a p-value enters as min(1, p·2^k)). Family-wise control: Holm–Bonferroni "
           "(statsmodels multipletests) over the primary family (each variant against the baseline, and the two best "
           "against each other) and, separately, over the Interpretation's contrasts. Arms without any spread are "
-          "untested (the p-value would be 0 for any Δ). Seeds per arm to resolve: exact power 0.8 (noncentral t) at "
+          "untested (the p-value would be 0 for any Δ). The Δ interval is the test's own (paired or Welch) at "
+          "the level its decision uses, 1 − α·p/(adjusted p), so it excludes 0 exactly when the comparison is "
+          "resolved (an interim or untested one: at the level its next decision will face); the Δ figure's band "
+          "is the same interval at every step. Seeds per arm to resolve: exact power 0.8 (noncentral t) at "
           "the level the comparison's next decision will face, α/2^k divided by its family's size once the plan's "
           "never-run variants join it, for the observed Δ and the test it will face: paired (σ of the per-seed "
           "differences) when the arms hold the same 2+ seeds, as a plan adds the same seeds to both; otherwise Welch "
@@ -90,6 +105,9 @@ class Comparison:
     design: str = WELCH  # the test of the latest look (PAIRED: the arms hold the same seeds)
     plan_design: str = WELCH  # the test ``need`` is planned for
     flat: bool = False  # neither arm has any spread: a difference of means without a test
+    run_ids: list[int] = field(default_factory=list)  # the runs whose seeds are values_a and values_b
+    ci: tuple[float, float] = (math.nan, math.nan)  # the interval of delta at ci_level, for the test made
+    ci_level: float = 1 - ALPHA  # the level that agrees with the decision (:func:`reports.stats.decision_confidence`)
 
     @property
     def family(self) -> str:
@@ -150,6 +168,8 @@ def assess(c: Comparison, row_a: pd.Series, row_b: pd.Series, runs: pd.DataFrame
             c.design = design(a, b)
             c.looks.append(Look(len(a), len(b), math.nan if c.flat else test_p(a, b)))
     shown = tested if c.looks else [(arm, seed, value, 0) for arm, seed, value, _ in seeds]
+    run_of = {(arm, seed): run_id for arm, seed, _, run_id in seeds}
+    c.run_ids = sorted(run_of[(arm, seed)] for arm, seed, *_ in shown)
     c.values_a = {seed: v for arm, seed, v, _ in shown if arm == 0}
     c.values_b = {seed: v for arm, seed, v, _ in shown if arm == 1}
     if c.values_a and c.values_b:
@@ -193,9 +213,13 @@ def control(comparisons: list[Comparison], sigma: tuple[float, int] = (math.nan,
             for c, r, q in zip(tested, reject, adjusted, strict=True):
                 c.resolved, c.p_adj = bool(r), float(q)
         for c in members:
+            # the next decision: this look if it is interim (or untested yet), else the next one
+            level = alpha / 2 ** (c.look + (0 if c.interim and c.look else 1)) / size
             if not c.resolved:
-                # the next decision: this look if it is interim (or untested yet), else the next one
-                _plan_size(c, sigma, alpha / 2 ** (c.look + (0 if c.interim and c.look else 1)) / size)
+                _plan_size(c, sigma, level)
+            c.ci_level = decision_confidence(c.p, c.p_adj, alpha) if math.isfinite(c.p_adj) else 1 - level
+            if c.looks:
+                c.ci = interval(c.values_a, c.values_b, c.ci_level)
     return comparisons
 
 
@@ -261,6 +285,15 @@ def evidence_text(c: Comparison) -> str:
     return text + (f"; {'; '.join(extra)}" if extra else "")
 
 
+def interval_text(c: Comparison) -> str:
+    """'[-0.031, -0.004] (98.8%)': the Δ's interval at the level of its decision; it excludes 0 exactly when the
+    comparison is resolved (an interim one at the level its decision will face); — where untested."""
+    lo, hi = c.ci
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "—"
+    return f"[{lo:+.3f}, {hi:+.3f}] ({level_text(c.ci_level)})"
+
+
 def table(comparisons: list[Comparison]) -> pd.DataFrame:
     """The document's Evidence table: every comparison, its numbers and its evidence (markdown-ready)."""
     return pd.DataFrame({
@@ -274,6 +307,7 @@ def table(comparisons: list[Comparison]) -> pd.DataFrame:
         "p": [num(c.p, ".3g") for c in comparisons],
         "Look": [str(c.look) if c.look else "—" for c in comparisons],
         "Holm-adjusted p": [num(c.p_adj, ".3g") for c in comparisons],
+        "Δ interval": [interval_text(c) for c in comparisons],
         "Seeds per arm to resolve": [need_text(c) if not c.resolved else "—" for c in comparisons],
         "Evidence": [evidence_text(c) for c in comparisons],
     })

@@ -8,6 +8,7 @@ drawn as Δ against the baseline, not as absolute loss.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 
 import matplotlib
 
@@ -16,12 +17,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from scipy import stats
 
 from attnres.tracking.states import EARLY
 from attnres.variants import VARIANTS
 from reports.depthmaps import matrix, site_name
-from reports.stats import finite, shown
+from reports.stats import design, finite, interval, level_text, shown
 
 # distinct colours, one per registered variant: tab10's, then the dark ones of tab20b
 _PALETTE = list(plt.get_cmap("tab10").colors) + list(plt.get_cmap("tab20b").colors)[0::4] + \
@@ -35,20 +35,41 @@ def color_of(variant: str) -> tuple[float, ...]:
     return tuple(_PALETTE[i % len(_PALETTE)])
 
 
-def delta_series(runs: pd.DataFrame, evals: pd.DataFrame, variant: str, baseline: str) -> pd.DataFrame:
-    """Per step: mean Δ over the variant's seeds against the baseline's seed mean, and its 95% t band."""
-    ev = finite(evals).merge(runs[["id", "variant", "seed"]], left_on="run_id", right_on="id")
-    base = ev[ev["variant"] == baseline].groupby("step")["value"].mean()
-    mine = ev[ev["variant"] == variant]
-    mine = mine[mine["step"].isin(base.index)]
-    d = (mine["value"].to_numpy() - base.reindex(mine["step"]).to_numpy())
-    by = pd.Series(d, index=mine["step"].to_numpy()).groupby(level=0)
-    out = pd.DataFrame({"delta": by.mean(), "sd": by.std(ddof=1), "n": by.size()})
-    t975 = {n: float(stats.t.ppf(0.975, n - 1)) for n in set(out["n"]) if n > 1}  # once per seed count
-    half = [t975[n] * sd / math.sqrt(n) if n > 1 else math.nan for n, sd in zip(out["n"], out["sd"], strict=True)]
-    rows = [(int(st), float(m), float(m - h), float(m + h), int(n))
-            for st, m, h, n in zip(out.index, out["delta"], half, out["n"], strict=True)]
-    return pd.DataFrame(rows, columns=["step", "delta", "lo", "hi", "n"])
+def colors(names: Iterable[str]) -> dict[str, tuple[float, ...]]:
+    """Colours for one figure: a variant its fixed one (:func:`color_of`); a cell of one (``control_block@lr=1e-3``)
+    the next colour no other name of the figure has, so two settings of one variant are told apart."""
+    names = list(names)
+    out = {n: color_of(n) for n in names if "@" not in n}
+    free = [c for c in _PALETTE if tuple(c) not in set(out.values())]
+    for i, n in enumerate(n for n in names if "@" in n):
+        out[n] = tuple(free[i % len(free)])
+    return out
+
+
+def delta_series(runs: pd.DataFrame, evals: pd.DataFrame, variant: str, baseline: str,
+                 confidence: float = 0.95, run_ids: Iterable[int] | None = None) -> pd.DataFrame:
+    """Per step: Δ of the seed means (variant - baseline) and the interval of that difference, for the test
+    the tables make of it (:func:`reports.stats.interval`: paired over the same seeds, else Welch) at
+    ``confidence``, over the seeds each arm has at the step (``run_ids``: only these runs, as a table tested).
+
+    A band of the variant's seeds alone would leave the baseline's spread out and claim what the test
+    rejects; this one is the table's interval at the table's step.
+    """
+    keep = runs if run_ids is None else runs[runs["id"].isin(list(run_ids))]
+    keep = keep[keep["variant"].isin([variant, baseline])].sort_values("id")
+    keep = keep.drop_duplicates(["variant", "seed"], keep="last")  # a rerun replaces its seed
+    ev = finite(evals).merge(keep[["id", "variant", "seed"]], left_on="run_id", right_on="id")
+    rows = []
+    for st, at in ev.groupby("step"):
+        arms = {v: dict(zip(g["seed"].astype(int), g["value"].astype(float), strict=True))
+                for v, g in at.groupby("variant")}
+        a, b = arms.get(variant), arms.get(baseline)
+        if not a or not b:
+            continue
+        lo, hi = interval(a, b, confidence)
+        rows.append((int(st), float(np.mean(list(a.values())) - np.mean(list(b.values()))), lo, hi, len(a),
+                     design(a, b) if len(a) >= 2 and len(b) >= 2 else ""))
+    return pd.DataFrame(rows, columns=["step", "delta", "lo", "hi", "n", "test"])
 
 
 def _near(series: dict[str, pd.DataFrame]) -> list[str]:
@@ -59,21 +80,22 @@ def _near(series: dict[str, pd.DataFrame]) -> list[str]:
 
 
 def _draw(ax: plt.Axes, runs: pd.DataFrame, evals: pd.DataFrame, series: dict[str, pd.DataFrame], baseline: str,
-          deep: set[str]) -> None:
-    ax.axhline(0, color=color_of(baseline), lw=1.4, label=f"{baseline} (baseline)")
+          deep: set[str], levels: Mapping[str, float]) -> None:
+    color = colors([baseline, *series])
+    ax.axhline(0, color=color[baseline], lw=1.4, label=f"{baseline} (baseline)")
     ev = finite(evals)
     for v, s in series.items():
         n = int(s["n"].max())
-        ax.plot(s["step"], s["delta"], color=color_of(v), lw=1.6, ls="--" if v in deep else "-",
-                label=f"{v} ({n} seed{'s' * (n > 1)})")
-        ax.fill_between(s["step"], s["lo"], s["hi"], color=color_of(v), alpha=0.15, lw=0)
+        ax.plot(s["step"], s["delta"], color=color[v], lw=1.6, ls="--" if v in deep else "-",
+                label=f"{v} ({n} seed{'s' * (n > 1)}; band {level_text(levels.get(v, 0.95))})")
+        ax.fill_between(s["step"], s["lo"], s["hi"], color=color[v], alpha=0.15, lw=0)
         for run in runs[(runs["variant"] == v) & runs["status"].isin(EARLY)].itertuples():
             last = ev[ev["run_id"] == run.id].sort_values("step").tail(1)
             hit = s[s["step"].isin(last["step"])]
             if len(hit):
-                ax.scatter(hit["step"], hit["delta"], marker="x", s=60, color=color_of(v), zorder=3)
+                ax.scatter(hit["step"], hit["delta"], marker="x", s=60, color=color[v], zorder=3)
                 ax.annotate(run.status, (hit["step"].iloc[0], hit["delta"].iloc[0]), fontsize=7,
-                            xytext=(4, 4), textcoords="offset points", color=color_of(v))
+                            xytext=(4, 4), textcoords="offset points", color=color[v])
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
     means = [0.0] + [float(x) for sr in series.values() for x in sr["delta"]]
@@ -83,32 +105,43 @@ def _draw(ax: plt.Axes, runs: pd.DataFrame, evals: pd.DataFrame, series: dict[st
 
 
 def delta_curves(runs: pd.DataFrame, evals: pd.DataFrame, baseline: str, variants: list[str] | None = None,
-                 deep: set[str] | None = None) -> Figure:
-    """Δ eval loss vs the baseline over steps: the seed mean as a line, its 95% interval as a band;
-    runs that ended early marked ✕ at their last eval; ``deep`` variants dashed. When a few variants
-    are far off, a second panel zooms on the close ones."""
+                 deep: set[str] | None = None, bands: Mapping[str, tuple[Iterable[int] | None, float]] | None = None
+                 ) -> Figure:
+    """Δ eval loss vs the baseline over steps: the difference of seed means as a line, its interval as a band;
+    runs that ended early marked ✕ at their last eval; ``deep`` variants dashed. When a few variants are far
+    off, a second panel zooms on the close ones.
+
+    ``bands`` gives, per variant, the runs its table tested (None: all) and the confidence its decision uses,
+    so that at the table's step the band is the table's interval (95% for a variant not given).
+    """
     variants = [v for v in (variants or sorted(set(runs["variant"]))) if v != baseline]
-    series = {v: s for v in variants if not (s := delta_series(runs, evals, v, baseline)).empty}
+    bands = bands or {}
+    levels = {v: bands[v][1] if v in bands else 0.95 for v in variants}
+    series = {v: s for v in variants
+              if not (s := delta_series(runs, evals, v, baseline, levels[v], bands.get(v, (None, 0))[0])).empty}
     near = _near(series)
     zoom = 0 < len(near) < len(series)
     fig, axes = plt.subplots(1, 2 if zoom else 1, figsize=(15 if zoom else 9, 5.2), squeeze=False)
-    _draw(axes[0, 0], runs, evals, series, baseline, deep or set())
+    _draw(axes[0, 0], runs, evals, series, baseline, deep or set(), levels)
     axes[0, 0].set_ylabel(f"eval loss − {baseline}'s (lower is better)")
     axes[0, 0].set_title("all variants" if zoom else "Δ held-out loss vs the baseline", fontsize=10)
     if zoom:
-        _draw(axes[0, 1], runs, evals, {v: series[v] for v in near}, baseline, deep or set())
+        _draw(axes[0, 1], runs, evals, {v: series[v] for v in near}, baseline, deep or set(), levels)
         axes[0, 1].set_title(f"zoom: the {len(near)} variants closest to {baseline}", fontsize=10)
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    fig.suptitle("Δ eval loss vs the baseline: mean over seeds, band = 95% CI of the mean, ✕ = ended early",
-                 fontsize=10)
+    fig.suptitle("Δ eval loss vs the baseline (difference of seed means). Band: the interval of the difference for "
+                 "the table's test (paired over the same seeds, else Welch)\nat the level of its decision; it "
+                 "holds 0 where the table finds no difference. ✕ = ended early", fontsize=9)
     fig.tight_layout()
     return fig
 
 
-def throughput_vs_delta(table: pd.DataFrame, baseline: str) -> Figure:
-    """Tokens/s against eval-loss Δ vs the baseline: one point per variant, named in the legend (so no
-    two labels can overprint), with the seeds' std as an error bar."""
+def throughput_vs_delta(table: pd.DataFrame, baseline: str,
+                        intervals: Mapping[str, tuple[float, float]] | None = None) -> Figure:
+    """Tokens/s against eval-loss Δ vs the baseline: one point per variant, named in the legend (so no two
+    labels can overprint), with the Δ interval of its test (``intervals``: the Evidence table's) as its bar;
+    a variant without one has no bar (one arm's spread is not the uncertainty of a difference)."""
     base = table[table["variant"] == baseline].iloc[0]
     fig, ax = plt.subplots(figsize=(8.5, 5))
     for row in table.sort_values("eval").itertuples():
@@ -116,13 +149,15 @@ def throughput_vs_delta(table: pd.DataFrame, baseline: str) -> Figure:
         if not math.isfinite(x):
             continue
         delta = row.eval - base["eval"]
-        err = row.std if isinstance(row.std, float) and math.isfinite(row.std) else None
-        ax.errorbar(x, delta, yerr=err, fmt="s" if row.variant == baseline else "o", ms=8, capsize=3,
-                    color=color_of(row.variant), label=f"{row.variant} ({shown(delta):+.3f})")
+        lo, hi = (intervals or {}).get(row.variant, (math.nan, math.nan))
+        ax.plot(x, delta, "s" if row.variant == baseline else "o", ms=8, color=color_of(row.variant),
+                label=f"{row.variant} ({shown(delta):+.3f})")
+        if math.isfinite(lo) and math.isfinite(hi):
+            ax.vlines(x, lo, hi, color=color_of(row.variant), lw=1.5)
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("throughput (k tok/s)")
     ax.set_ylabel(f"eval loss Δ vs {baseline} (lower is better)")
-    ax.set_title("Cost vs benefit")
+    ax.set_title("Cost vs benefit (bar: the Δ interval of the Statistical Evidence table)", fontsize=10)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))

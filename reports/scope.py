@@ -129,6 +129,57 @@ def select(runs: pd.DataFrame, experiment: str | None = None, preset: str | None
     return inside.drop(columns=["budget", "dataset", "settings", "cell"]), scope, others
 
 
+def select_arms(runs: pd.DataFrame, arms: list[tuple[str, dict[str, str]]], experiment: str | None = None,
+                preset: str | None = None, budget: int | None = None, data: str | None = None,
+                pick: dict[str, str] | None = None) -> tuple[pd.DataFrame, Scope]:
+    """The runs of each compared arm (a variant, or a cell of it: ``control_block@lr=1e-3``) within one experiment,
+    preset, budget and dataset (the filters', else the latest that holds every arm), with an ``arm`` column.
+
+    ``pick`` (``--set``) applies to every arm, an arm's own values over it. Each arm must be one cell there: an
+    arm that spans several (another setting swept too) is refused with their names, as it would pool runs of
+    different settings as seeds.
+    """
+    keyed = _keyed(runs)
+    for column, value in (("experiment", experiment), ("preset", preset), ("budget", budget), ("dataset", data)):
+        if value is not None:
+            keyed = keyed[keyed[column] == value]
+    members = []
+    for variant, own in arms:
+        label = grid.arm_label(variant, own)
+        want = {**(pick or {}), **own}
+        mine = keyed[keyed["variant"] == variant]
+        rows = mine[[grid.matches(v, want) for v in mine["settings"]]]
+        if rows.empty:
+            held = sorted({c for c in mine["cell"] if c})
+            raise ReportError(f"no runs of {label}" + (f" (its cells: {', '.join(held)})" if held else ""))
+        members.append(rows.assign(arm=label))
+    together = pd.concat(members, ignore_index=True)
+    groups = KEYS[:-1]
+    held = together.groupby(groups)["arm"].nunique()
+    full = held[held == len(arms)].index
+    if not len(full):
+        where = "; ".join(f"{label}: {', '.join(sorted({_scope(r).label() for r in g.itertuples()}))}"
+                          for label, g in together.groupby("arm", sort=False))
+        raise ReportError(f"the arms share no experiment, preset, budget and dataset ({where})")
+    inside = together.set_index(groups).loc[full]
+    latest = inside["id"].groupby(level=groups).max().idxmax()
+    inside = together[[tuple(r) == tuple(latest) for r in together[groups].itertuples(index=False)]]
+    for label, g in inside.groupby("arm", sort=False):
+        cells = sorted(set(g["cell"]))
+        if len(cells) > 1:
+            variant = str(g["variant"].iloc[0])
+            examples = ", ".join(grid.arm_label(variant, dict(kv.split("=", 1) for kv in c.split())) for c in cells)
+            raise ReportError(f"{label} holds runs of {len(cells)} cells ({', '.join(cells)}): name one, e.g. "
+                              f"{examples.split(', ')[0]} (its cells: {examples})")
+    ids = inside.groupby("arm", sort=False)["id"].apply(frozenset)
+    if ids.duplicated().any():
+        same = [a for a, s in ids.items() if (ids == s).sum() > 1]
+        raise ReportError(f"{' and '.join(same)} are the same runs: compare different variants or cells")
+    first = inside.iloc[0]
+    scope = Scope(str(first["experiment"]), str(first["preset"]), int(first["budget"]), str(first["dataset"]))
+    return inside.drop(columns=["budget", "dataset", "settings", "cell"]), scope
+
+
 @dataclass
 class Choice:
     """Where a comparison group is compared, and what is not (yet) in it."""

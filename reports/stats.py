@@ -227,6 +227,43 @@ def flat(a: dict[int, float], b: dict[int, float]) -> bool:
     return bool(len(a) >= 2 and len(b) >= 2 and np.ptp(list(a.values())) == 0 and np.ptp(list(b.values())) == 0)
 
 
+def interval(a: dict[int, float], b: dict[int, float], confidence: float = 1 - ALPHA) -> tuple[float, float]:
+    """The ``confidence`` interval of mean(a) - mean(b) for the test the arms get (:func:`design`): the paired
+    t-interval of the per-seed differences, else Welch's (Welch-Satterthwaite degrees of freedom); scipy's
+    ``confidence_interval``. NaN where the test is undefined (below 2 seeds per arm, or no spread at all)."""
+    if len(a) < 2 or len(b) < 2 or flat(a, b) or not 0 < confidence < 1:
+        return math.nan, math.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        if design(a, b) == PAIRED:
+            seeds = sorted(a)
+            res = stats.ttest_rel([a[s] for s in seeds], [b[s] for s in seeds])
+        else:
+            res = stats.ttest_ind(list(a.values()), list(b.values()), equal_var=False)
+        ci = res.confidence_interval(confidence)
+    return float(ci.low), float(ci.high)
+
+
+def decision_confidence(p: float, p_decided: float, alpha: float = ALPHA) -> float:
+    """The confidence of the interval that agrees with a decision: a test whose p-value enters its decision
+    as ``p_decided`` (Holm-adjusted, after sequential looks) is decided at α exactly when its interval at
+    1 - α·p/p_decided excludes 0, so a band drawn at this level never claims what the table rejects.
+    1 - α where nothing adjusts the p-value."""
+    if not (math.isfinite(p) and math.isfinite(p_decided)) or p_decided <= 0 or p <= 0:
+        return 1 - alpha
+    return 1 - alpha * min(1.0, p / p_decided)
+
+
+def level_text(confidence: float) -> str:
+    """'95%', '98.8%', '99.97%': two significant digits of what the level leaves out."""
+    miss = (1 - confidence) * 100
+    if not 0 < miss < 100:
+        return "n/a"
+    digits = max(0, math.ceil(-math.log10(miss)) + 1)
+    text = f"{confidence * 100:.{digits}f}"
+    return (text.rstrip("0").rstrip(".") if "." in text else text) + "%"
+
+
 def seed_plan(a: dict[int, float], b: dict[int, float], delta: float, alpha: float = ALPHA,
               pooled: tuple[float, int] = (math.nan, 0)) -> dict[str, object]:
     """Seeds per arm to resolve ``delta`` at ``alpha``, for the design the next test will have, with the

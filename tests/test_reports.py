@@ -113,8 +113,10 @@ def test_report_without_baseline_or_runs_says_so(workdir):
 
 
 def test_report_unwritable_out_is_one_line(db, workdir):
+    (workdir / "no").write_text("a file where a folder must go")
     proc = attnres("report", "--out", "no/such/folder/r.md")
-    assert proc.returncode == 2 and "does not exist" in proc.stderr
+    assert proc.returncode == 2 and "is a file, not a folder" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_compare_prints_aligned_losses_statistics_and_config(db, workdir):
@@ -127,7 +129,7 @@ def test_compare_prints_aligned_losses_statistics_and_config(db, workdir):
     assert "residual.window" in text  # the config difference between the two
     assert (workdir / "c.png").exists()
     one = attnres("compare", "standard")
-    assert one.returncode == 2 and "at least two" in one.stderr
+    assert one.returncode == 2 and "two different arms" in one.stderr
 
 
 def test_export_then_import_reproduces_the_report(db, workdir):

@@ -76,4 +76,4 @@ gpu-check:
 	$(GPU_ENV) $(GPU_PYTHON) -m cli.main bench --device $(GPU_DEVICE) $(GPU_BENCH)
 
 clean:
-	rm -rf $(VENV) runs.db runs.db-* data logs checkpoints reports/*.png attnres-results.md
+	rm -rf $(VENV) runs.db runs.db-* data logs checkpoints reports/*.png attnres-results.md attnres-results_figures

@@ -77,6 +77,20 @@ def exists(folder: Path) -> bool:
     return any((folder / name).exists() for name in (LAST, f"{PREVIOUS}.tmp", PREVIOUS))
 
 
+def step_of(folder: Path) -> int | None:
+    """The step the newest readable checkpoint in ``folder`` continues from (None: none there), read without
+    restoring it (memory-mapped), so that `attnres resume` can say where each run continues."""
+    for name in (LAST, f"{PREVIOUS}.tmp", PREVIOUS):
+        path = folder / name
+        if not path.exists():
+            continue
+        try:
+            return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["step"])
+        except Exception:  # noqa: BLE001, S112 - unreadable: the trainer falls back to the previous one too
+            continue
+    return None
+
+
 def load(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Restore the newest readable checkpoint in place and return the step to continue from.
 

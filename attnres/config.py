@@ -130,7 +130,7 @@ class TrainConfig:
     eval_every: int = 25
     eval_batches: int = 8
     log_every: int = 5
-    checkpoint_every: int = 0  # 0 = only at the end
+    checkpoint_every: int = 0  # every N steps; 0 = at each eval. Always at the end and on preemption (SIGTERM)
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 on CUDA, fp32 on CPU
     compile: bool = False  # torch.compile on any device (CUDA runs compile anyway, unless compile_cuda is off)
     compile_cuda: bool = True  # `--set compile=false` turns this off too: the opt-out of compiling on CUDA

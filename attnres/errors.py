@@ -17,8 +17,10 @@ class AttnresError(Exception):
 
 
 def unknown(kind: str, name: str, choices: Iterable[str]) -> AttnresError:
-    """Build the 'unknown X' error with a did-you-mean suggestion when one is close."""
+    """Build the 'unknown X' error with a did-you-mean suggestion when one is close (a typo is the usual
+    cause: naming the intended name beats listing them all); the suggestion is quoted like the name, so it
+    can be copied as is."""
     choices = sorted(choices)
     close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
-    hint = f"; did you mean {close[0]}?" if close else f"; choose one of: {', '.join(choices)}"
+    hint = f"; did you mean '{close[0]}'?" if close else f"; choose one of: {', '.join(choices)}"
     return AttnresError(f"unknown {kind} '{name}'{hint}")

@@ -16,6 +16,7 @@ from attnres import backends, grid, paths
 from attnres.backends import Placement, Submitted
 from attnres.config import RunConfig
 from attnres.errors import AttnresError
+from attnres.logline import say
 from attnres.planning import LaunchRequest, PlannedRun, check_data, git_commit
 from attnres.tracking import launches, mirror_marks, spool, states, store
 from attnres.variants import check_revision
@@ -146,12 +147,15 @@ def launch_plan(engine: Engine, db_url: str, batches: Sequence[tuple[LaunchReque
                   more=more)
 
 
-def reopen(engine: Engine, run_ids: Sequence[int], restart: bool = False) -> int:
-    """Queue interrupted local runs again, to continue from their checkpoint; returns their ranks per run.
+def reopen(engine: Engine, run_ids: Sequence[int], restart: bool = False) -> tuple[int, list[str]]:
+    """Queue interrupted local runs again, to continue from their checkpoint; returns their ranks per run and
+    a line per run saying where it continues ("from step N", or "no checkpoint: starting over from step 0").
 
     Every run is checked first (resumable, recorded by this revision of its variant, local): a
     refusal changes nothing. With ``restart`` a run starts over from step 0: its checkpoints are
-    moved aside (``checkpoints/run-ID.restart-K``, kept) and its metrics dropped.
+    moved aside (``checkpoints/run-ID.restart-K``, kept). Values its last attempt recorded past the
+    step it continues from are dropped now, so that `attnres status` never shows one attempt's step
+    beside another's losses.
     """
     runs = [store.get_run(engine, rid) for rid in run_ids]
     for r in runs:
@@ -169,6 +173,7 @@ def reopen(engine: Engine, run_ids: Sequence[int], restart: bool = False) -> int
         with spool.held(path):
             _record_spool(engine, r.id, path)
     stage = Stage(launches.RESUME)
+    lines: list[str] = []
     for r in runs:
         try:
             reopened = _reopen(engine, r.id, stage)
@@ -176,11 +181,19 @@ def reopen(engine: Engine, run_ids: Sequence[int], restart: bool = False) -> int
             raise AttnresError(f"run {r.id}'s config is already queued or running as another run") from None
         if not reopened:
             raise AttnresError(f"run {r.id} changed meanwhile (now {store.status_of(engine, r.id)}); try again")
+        from attnres import checkpoint  # (torch: only a resume needs it)
+
+        folder = paths.checkpoints_dir(r.id)
         if restart:
-            _set_aside(paths.checkpoints_dir(r.id))
-            store.drop_metrics_after(engine, r.id, -1)
-            store.update_run(engine, r.id, step=0, started_at=None)
-    return max(r.world_size for r in runs)
+            _set_aside(folder)
+        at = None if restart else checkpoint.step_of(folder)
+        store.drop_metrics_after(engine, r.id, -1 if at is None else at)
+        store.update_run(engine, r.id, step=at or 0, **({"started_at": None} if at is None else {}))
+        lines.append(f"run {r.id} ({r.variant}, seed {r.seed}): "
+                     + ("starting over from step 0 (--restart; its checkpoints are set aside, kept)" if restart
+                        else f"from step {at} of {r.total_steps} (its last checkpoint)" if at is not None
+                        else "no checkpoint: starting over from step 0"))
+    return max(r.world_size for r in runs), lines
 
 
 def _set_aside(folder: Path) -> None:
@@ -195,7 +208,9 @@ def _set_aside(folder: Path) -> None:
 def resume(engine: Engine, db_url: str, run_ids: Sequence[int], *, detach: bool = False, restart: bool = False,
            on_tick: Callable[[], None] | None = None) -> Submitted:
     """Continue interrupted runs from their last checkpoint (or from step 0: ``restart``), on this machine."""
-    nproc = reopen(engine, run_ids, restart)
+    nproc, lines = reopen(engine, run_ids, restart)
+    for line in lines:
+        say(line)  # before the queue starts (a foreground queue returns when the runs end)
     return backends.get("local").submit(engine, db_url, run_ids, Placement(nproc=nproc), detach=detach,
                                         on_tick=on_tick)
 

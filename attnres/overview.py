@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine
 
 from attnres import grid
+from attnres.durations import duration
 from attnres.tracking import glance, states
 from attnres.variants import superseded
 
@@ -74,7 +75,7 @@ def _cell(run: pd.Series, now: datetime) -> str:
     if run.status == states.RUNNING and run.step and pd.notna(run.started_at):
         elapsed = (now - run.started_at).total_seconds()
         eta = elapsed / run.step * (run.total_steps - run.step)
-        text += f" ETA {int(eta // 60)}:{int(eta % 60):02d}"
+        text += f" ETA {duration(eta)}"
     if pd.notna(run.stop_step):
         text += f" @{int(run.stop_step)}"
     return text
@@ -101,3 +102,16 @@ def grid_rows(engine: Engine, experiment: str | None = None,
                     + [_cell(latest.loc[(exp, variant, cell, s)], now) if (exp, variant, cell, s) in latest.index
                        else "—" for s in seeds])
     return ["experiment", "variant", *(["settings"] if swept else []), *[f"seed {s}" for s in seeds]], rows
+
+
+def slot_waits(rows: list[dict[str, object]]) -> list[str]:
+    """What the queued runs among ``rows`` wait for: who holds the machine's run slots (a run of this or
+    another database, its queue's pid, since when), read from the slot files; none when no run is queued."""
+    if not any(str(r["status"]).split()[0] == states.QUEUED for r in rows):
+        return []
+    from attnres.backends.slots import holders  # (psutil: only when a run is queued)
+
+    held = holders()
+    if not held:
+        return ["queued runs start as soon as their queue takes a free run slot (none is held now)"]
+    return [f"queued runs wait for a run slot; held: {h.text()}" for h in held]

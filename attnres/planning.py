@@ -165,6 +165,9 @@ def on_end_warning(command: str | None) -> str | None:
 class PlannedRun:
     cfg: RunConfig
     cell: dict[str, str] = field(default_factory=dict)  # this cell's swept values, as given
+    # every --set this cell trains with, fixed and swept, as given (what a plan line shows beside the preset's
+    # name: steps, given by --steps too, has its own place there)
+    settings: dict[str, str] = field(default_factory=dict)
     skip: str | None = None  # why it will not run (already finished with this config, or active)
     run_id: int | None = None  # an interrupted run of this config, continued from its checkpoint
 
@@ -172,7 +175,8 @@ class PlannedRun:
 def plan(engine: Engine | None, req: LaunchRequest) -> list[PlannedRun]:
     """Expand the grid; mark what already finished or runs with the same config (unless forced)."""
     swept = grid.cells(req.sweep)
-    planned = [PlannedRun(resolve_run(v, req.preset, s, overrides, req.data, req.experiment), cell)
+    planned = [PlannedRun(resolve_run(v, req.preset, s, overrides, req.data, req.experiment), cell,
+                          _given(overrides))
                for v in req.variants for cell, overrides in zip(swept, req.cells(), strict=True) for s in req.seeds]
     if engine is not None and not req.force:
         for cell in planned:
@@ -187,6 +191,14 @@ def plan(engine: Engine | None, req: LaunchRequest) -> list[PlannedRun]:
             elif resumable:
                 cell.run_id = resumable[-1]  # continue the interrupted run from its checkpoint
     return planned
+
+
+def _given(overrides: list[str]) -> dict[str, str]:
+    """A cell's ``KEY=VALUE`` overrides as given, the last of a key winning (as it does in the config); steps
+    left out, as the plan line shows the steps a run trains however they were set."""
+    items = dict(item.partition("=")[::2] for item in overrides)
+    items.pop("steps", None)
+    return items
 
 
 def check_data(name: str, vocab_size: int | None = None) -> None:

@@ -8,6 +8,9 @@ marks the run running, writes step-wise metrics (train loss, lr, tokens/s, peak 
 loss) and a heartbeat, and records how the run ended: finished, diverged (non-finite loss, with
 the step), stopped (an early-stop rule), preempted (SIGTERM, checkpoint saved) or failed (with
 the error). The loop itself is :func:`attnres.training.loop.train`.
+
+The trainer's output is the run's log (appended to by every attempt): each attempt starts it with one header
+line (:func:`attnres.training.loop.header`), numbered by the header lines earlier attempts left in the log.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from attnres.logline import exit_now
 from attnres.tracking import launches, store
 from attnres.tracking.db import get_engine
 from attnres.training import distributed
-from attnres.training.loop import NullRecorder, speed_conditions, train
+from attnres.training.loop import NullRecorder, header_prefix, speed_conditions, train
 from attnres.training.recorder import open_recorder
 from attnres.variants import check_revision, resolve_run
 
@@ -42,13 +45,29 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def attempt_number(log_path: str | None, run_id: int) -> int:
+    """This attempt's number: one more than the header lines earlier attempts wrote to the run's log (a run
+    with no log, or one that cannot be read, is at its first attempt)."""
+    if not log_path:
+        return 1
+    # "attnres run ID " and its field names: ASCII, whichever encoding wrote the separators between them
+    prefix = header_prefix(run_id).split(" · ")[0].encode() + b" "
+    try:
+        with open(log_path, "rb") as fh:  # (bytes: a log is whatever the processes wrote)
+            return 1 + sum(1 for line in fh if line.startswith(prefix) and b" variant " in line)
+    except OSError:
+        return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     d = distributed.setup()
     engine = get_engine(args.db)
+    log_path = None
     if args.run_id is not None:
-        cfg = RunConfig.from_dict(json.loads(store.get_run(engine, args.run_id).config_json))
-        run_id = args.run_id
+        run = store.get_run(engine, args.run_id)
+        cfg = RunConfig.from_dict(json.loads(run.config_json))
+        run_id, log_path = args.run_id, run.log_path
     else:
         cfg = resolve_run(args.variant, args.preset, args.seed, args.overrides, args.data)
         run_id = store.create_run(engine, cfg, log_path=None, launch_id=launches.create(engine, launches.DIRECT)) \
@@ -63,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         if d.is_rank0 else NullRecorder()
     try:
         check_revision(cfg, run_id)  # a run recorded by older code is not continued by this one
-        ending = train(cfg, d, recorder, paths.checkpoints_dir(run_id), fresh=args.fresh)
+        ending = train(cfg, d, recorder, paths.checkpoints_dir(run_id), fresh=args.fresh, run_id=run_id,
+                       attempt=attempt_number(log_path, run_id) if d.is_rank0 else 1)
     except BaseException as exc:
         if d.is_rank0:
             recorder.fail(exc)

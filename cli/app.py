@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Annotated
 
 import typer
 from rich.console import Console
+
+from attnres.errors import AttnresError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Launch, track and report AttnRes (attention over depth) experiments.")
@@ -30,3 +33,27 @@ CellOpt = Annotated[list[str] | None, typer.Option("--set", help="one cell of a 
                                                   "e.g. --set lr=1e-3")]
 TunedOpt = Annotated[str | None, typer.Option("--tuned", help="compare each variant at its best value of this swept "
                                               "setting (e.g. --tuned lr)")]
+
+
+def parse_seeds(values: list[str] | None) -> list[int] | None:
+    """``--seeds`` values as seeds, one per value (``--seeds 42 1337``).
+
+    A comma list (``--seeds 1,2``) is how many tools take several values; it is answered with the spelling
+    that works here, in one line, rather than click's "not a valid integer"."""
+    if values is None:
+        return None
+    seeds = []
+    for value in values:
+        try:
+            seeds.append(int(value))
+        except ValueError:
+            parts = [p for p in re.split(r"[,\s]+", " ".join(values)) if p]
+            if "," in value and all(re.fullmatch(r"-?\d+", p) for p in parts):
+                raise AttnresError(f"--seeds takes seeds separated by spaces: --seeds {' '.join(parts)}") from None
+            raise AttnresError(f"bad --seeds '{value}': a seed is a whole number, e.g. --seeds 42 1337") from None
+    return seeds
+
+
+# The values reach parse_seeds as given (parser=str), so a comma list is answered as a whole, not value by value.
+SeedsOpt = Annotated[list[int] | None, typer.Option("--seeds", parser=str, callback=parse_seeds, metavar="SEED",
+                                                    help="seeds, separated by spaces: --seeds 42 1337")]

@@ -15,7 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from attnres import outputs
 from attnres.errors import AttnresError
-from cli.app import BudgetOpt, CellOpt, DataOpt, DbOpt, ExperimentOpt, PresetOpt, TunedOpt, app, console, err
+from cli.app import BudgetOpt, CellOpt, DataOpt, DbOpt, ExperimentOpt, PresetOpt, SeedsOpt, TunedOpt, app, console, err
 from cli.bars import RunBars
 from cli.render import show_cell, submit
 
@@ -49,7 +49,7 @@ def variants(
 @app.command()
 def launch(
     variant: Annotated[list[str], typer.Argument(help="variant names (see `attnres variants`)")],
-    seeds: Annotated[list[int] | None, typer.Option("--seeds", help="seeds: --seeds 42 1337")] = None,
+    seeds: SeedsOpt = None,
     preset: Annotated[str, typer.Option(help="model/training size")] = "tiny",
     experiment: Annotated[str | None, typer.Option(help="experiment the runs belong to (default: the preset)")] = None,
     steps: Annotated[int | None, typer.Option(help="override the preset's training steps")] = None,
@@ -185,7 +185,8 @@ def logs(
 
 @app.command()
 def status(
-    watch: Annotated[bool, typer.Option("--watch", help="live grid view: variants x seeds, until Ctrl-C")] = False,
+    watch: Annotated[bool, typer.Option("--watch", help="live grid view: variants x seeds, until Ctrl-C (piped: "
+                                        "plain lines each refresh, until no run is queued or running)")] = False,
     interval: Annotated[float, typer.Option(min=0.1, max=3600, help="--watch refresh seconds")] = 2.0,
     all_: Annotated[bool, typer.Option("--all", help="every run (default: the active and 20 most recent)")] = False,
     experiment: ExperimentOpt = None,
@@ -193,7 +194,7 @@ def status(
     db: DbOpt = None,
 ) -> None:
     """Live state of the runs: active ones and the most recent (runs whose process died are marked failed first)."""
-    from attnres.overview import RECENT, grid_rows, reconcile, status_rows
+    from attnres.overview import RECENT, grid_rows, reconcile, slot_waits, status_rows
     from attnres.tracking import states
     from attnres.tracking.db import exists, get_engine
 
@@ -201,6 +202,29 @@ def status(
         console.print("no runs yet: start one with `attnres launch standard --seeds 42`")
         return
     engine = get_engine(db, create=False, busy_s=1.0)  # shows what it can read now; never waits on a lock
+    if watch and not console.is_terminal:
+        # piped (`| tee`, a log, CI): a live view's cursor movement would be garbage there, so each refresh is a
+        # time line and the grid's rows as plain aligned text; it ends by itself once nothing in the view is
+        # queued or running, so the pipe does too
+        from attnres.tracking.glance import status_runs
+
+        try:
+            while True:
+                reconcile(engine)
+                header, rows = grid_rows(engine, experiment, preset)
+                active, _ = status_runs(engine, experiment, preset, recent=0)  # recent=0: the active runs only
+                widths = [max(len(r[i]) for r in [header, *rows] if i < len(r)) for i in range(len(header))]
+                console.print(f"{time.strftime('%Y-%m-%d %H:%M:%S')}  {len(active)} run(s) queued or running",
+                              markup=False, highlight=False, soft_wrap=True)
+                for row in [header, *rows]:
+                    console.print(" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip(),
+                                  markup=False, highlight=False, soft_wrap=True)
+                console.file.flush()  # each refresh reaches the pipe now, not when a buffer fills
+                if not active:
+                    return
+                time.sleep(interval)
+        except KeyboardInterrupt:
+            return
     if watch:
         from rich.live import Live
 
@@ -241,6 +265,8 @@ def status(
         table.caption = (f"{len(rows)} of {total} runs: the active ones and the {RECENT} most recent "
                          "(--all for every run)")
     console.print(table)
+    for line in slot_waits(rows):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -249,7 +275,8 @@ def report(
     baseline: Annotated[str, typer.Option(help="variant every Δ is measured against")] = "standard",
     step: Annotated[int | None, typer.Option(min=0, help="eval step to compare (default: the final step, or the "
                                                        "latest all compared variants reached)")] = None,
-    plots: Annotated[bool, typer.Option(help="write PNG figures under reports/ beside --out")] = True,
+    plots: Annotated[bool, typer.Option(help="write PNG figures beside --out, in a folder named after it "
+                                        "(attnres-results_figures/)")] = True,
     experiment: ExperimentOpt = None,
     preset: PresetOpt = None,
     budget: BudgetOpt = None,
@@ -259,14 +286,16 @@ def report(
     db: DbOpt = None,
 ) -> None:
     """Write the results document of one experiment (default: the latest) from the database."""
-    from attnres.grid import parse_pick
     from attnres.tracking.db import get_engine
+
+    engine = get_engine(db, create=False)  # no database: one line at once, before the report code is imported
+
+    from attnres.grid import parse_pick
     from attnres.variants import canonical
     from reports.build import write_report
 
     pick = parse_pick(set_ or [])
-    write_report(get_engine(db, create=False), out, canonical(baseline), step, plots, experiment, preset, budget,
-                 data, pick, tuned)
+    write_report(engine, out, canonical(baseline), step, plots, experiment, preset, budget, data, pick, tuned)
     console.print(f"wrote {out}")
 
 
@@ -288,8 +317,11 @@ def compare(
 ) -> None:
     """Compare variants, or settings of one (control_block@lr=1e-3 control_block@lr=3e-3), side by side: aligned
     eval losses, seed statistics, config, cost."""
-    from attnres.grid import parse_pick
     from attnres.tracking.db import get_engine
+
+    get_engine(db, create=False)  # no database: one line at once, before the report code is imported
+
+    from attnres.grid import parse_pick
     from reports import compare as compare_tables
     from reports.build import compare as run_compare
 
@@ -299,6 +331,9 @@ def compare(
     result = run_compare(get_engine(db, create=False), variant, step, plot, experiment, preset, budget, data, pick,
                          tuned)
     console.print(f"{result.scope.label()}")
+    for other in result.also:
+        console.print(f"also holding these variants: {other.label()} ({other.flags()})", highlight=False,
+                      soft_wrap=True)
     if result.tuning is not None:
         _print_frame(result.tuning, f"Tuning of {tuned}: each variant at its best value")
     _print_frame(result.aligned, "Eval loss at common steps (seed mean)", ".4f")

@@ -16,16 +16,24 @@ if TYPE_CHECKING:
 
 
 def show_cell(c: PlannedRun) -> None:
-    """One planned cell: variant, swept values, seed, and whether it runs, resumes or is skipped (and why)."""
+    """One planned cell: variant, swept values, seed, preset and steps, the experiment and data it is recorded
+    under, the other ``--set`` values it trains with, and whether it runs, resumes or is skipped (and why).
+
+    Everything that tells two runs apart is on the line, so a dry run shows what a launch would record (a
+    mistyped --experiment or a forgotten --data is seen before anything trains)."""
     from rich.text import Text
 
-    cell = "".join(f" {k}={v}" for k, v in c.cell.items())
-    line = Text(f"{c.cfg.variant}{cell} seed={c.cfg.seed} preset={c.cfg.preset} steps={c.cfg.train.steps} ")
+    line = Text(c.cfg.variant)
+    for k, v in c.cell.items():  # the swept values name the cell: right after the variant, bold on a terminal
+        line.append(" ").append(f"{k}={v}", "bold")
+    line.append(f" seed={c.cfg.seed} preset={c.cfg.preset} steps={c.cfg.train.steps} "
+                f"experiment={c.cfg.experiment_name} data={c.cfg.data}")
+    line.append("".join(f" {k}={v}" for k, v in c.settings.items() if k not in c.cell) + " — ")
     if c.skip:
         line.append("skip", "yellow").append(f": {c.skip}")
     else:
         line.append(f"resume run {c.run_id}" if c.run_id else "run", "cyan" if c.run_id else "green")
-    console.print(line)
+    console.print(line, soft_wrap=True)  # one line however many settings: not folded at the console's width
 
 
 def stopped(stop: Exception) -> None:

@@ -33,15 +33,17 @@ def next_cmd(
 ) -> None:
     """What's Next for one scope (default: the latest): the runs that resolve its open comparisons (seeds per
     arm from a power calculation), what is running, what was never run, retries for what failed."""
+    from attnres.tracking.db import get_engine, normalize_url
+
+    engine = get_engine(db, create=False)  # no database: one line at once, before the report code is imported
+
     from attnres import orchestrator, planning
     from attnres.grid import parse_pick
-    from attnres.tracking.db import get_engine, normalize_url
     from attnres.variants import canonical
     from reports import plan as plans
     from reports.build import next_plan
 
     kinds = plans.kinds(only)
-    engine = get_engine(db, create=False)
     plan = next_plan(engine, canonical(baseline), experiment, preset, budget, data, parse_pick(set_ or []),
                      max_seeds or plans.MAX_SEEDS, kinds)
     console.print(Text(f"What's next for {plan.scope.label()}:", style="bold"))

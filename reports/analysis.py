@@ -37,6 +37,16 @@ def partial(choice: Choice, budget: int) -> bool:
     return not choice.final and choice.step < budget
 
 
+def too_early(runs: pd.DataFrame, baseline: str) -> str:
+    """Why nothing can be compared yet: the baseline's runs have no eval after step 0 (how far they are)."""
+    mine = runs[runs["variant"] == baseline]
+    if mine.empty:
+        return f"no runs of the baseline '{baseline}' in this scope; run it or pass --baseline"
+    return (f"too early: no run of the baseline '{baseline}' has an eval after step 0 yet (furthest: step "
+            f"{int(mine['step'].max()):,} of {int(mine['total_steps'].max()):,}); step 0 is the initialisation, "
+            "not a result: report again after the first eval")
+
+
 def analyse(runs: pd.DataFrame, evals: pd.DataFrame, scope: Scope, baseline: str, deep: list[str],
             step: int | None = None, launch_plans: Mapping[int, dict] | None = None,
             max_seeds: int = plans.MAX_SEEDS, db: list[str] | None = None, kinds: tuple[str, ...] = plans.KINDS,
@@ -50,8 +60,7 @@ def analyse(runs: pd.DataFrame, evals: pd.DataFrame, scope: Scope, baseline: str
     main_runs = runs[runs["variant"].isin(shallow)]
     main = choose(main_runs, evals, shallow, baseline, step)
     if main is None:
-        raise ReportError(f"the baseline '{baseline}' has no eval loss yet in this scope; wait for its first "
-                          "eval, or pass --baseline")
+        raise ReportError(too_early(runs, baseline))
     table = per_variant(main_runs, evals, main.step, None)
     group = comparisons.Group(table, main.step, partial(main, scope.budget))
     deep_choice, deep_table, deep_group = None, None, None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -32,10 +32,10 @@ from reports.analysis import Analysis, analyse
 from reports.document import Inputs, assemble, bands, report_parts
 from reports.plan import KINDS, MAX_SEEDS, Plan
 from reports.plots import delta_curves, depth_heatmaps, throughput_vs_delta
-from reports.scope import Scope, choose, select, select_arms
+from reports.scope import Scope, choose, holding, scopes_of, select, select_arms
 from reports.stats import ReportError
 from reports.tables import per_variant
-from reports.tuning import tune, tuning_markdown
+from reports.tuning import cells_as_arms, tune, tuning_markdown
 
 
 def _save(fig: Figure, path: Path) -> None:
@@ -163,10 +163,14 @@ def write_report(engine: Engine, out: Path, baseline: str = "standard", step: in
     """
     outputs.check(out)
     runs, scope, others = _scoped(engine, experiment, preset, budget, baseline, data, pick, tuned)
+    notes = []
+    if tuned is not None and baseline not in set(runs["variant"]) and runs["variant"].nunique() == 1:
+        runs, baseline, note = _sweep_arms(runs, scope, tuned)
+        scope, tuned = replace(scope, tuned=None), None
+        notes.append(note)
     _one_variant(runs, scope, others, baseline)
     res = load_results(engine, step=step, runs=runs)
     table = _tuned(res, tuned)
-    notes = []
     if len(res.superseded):
         old = ", ".join(f"{r.variant} s{r.seed} (run {r.id})" for r in res.superseded.itertuples())
         notes.append(f"Not compared: {old}, trained by an earlier revision of the variant "
@@ -179,12 +183,26 @@ def write_report(engine: Engine, out: Path, baseline: str = "standard", step: in
     try:
         before, after, analysis = report_parts(inp)  # first the text: bad data fails here, before any file is written
         if plots:
-            inp.figures = _figures(inp, out.resolve().parent / "reports", analysis)
+            inp.figures = _figures(inp, figures_folder(out), analysis)
         text = assemble(before, inp.figures, after)
     except ReportError as exc:
         raise AttnresError(f"cannot build the report: {exc}") from None
     outputs.prepare(out).write_text(text)
     return text
+
+
+def _sweep_arms(runs: pd.DataFrame, scope: Scope, key: str) -> tuple[pd.DataFrame, str, str]:
+    """A one-variant sweep's values as arms, against the variant's default value of ``key`` (as
+    :func:`reports.tuning.cells_as_arms`)."""
+    variant = str(runs["variant"].iloc[0])
+    try:
+        default = grid.settings(resolve_run(variant, scope.preset, 0).to_json()).get(key)
+    except (AttnresError, KeyError, ValueError):
+        default = None
+    try:
+        return cells_as_arms(runs, key, default)
+    except ReportError as exc:
+        raise AttnresError(str(exc)) from None
 
 
 def _one_variant(runs: pd.DataFrame, scope: Scope, others: list[Scope], baseline: str) -> None:
@@ -224,12 +242,19 @@ def next_plan(engine: Engine, baseline: str = "standard", experiment: str | None
         raise AttnresError(f"cannot plan: {exc}") from None
 
 
+def figures_folder(out: Path) -> Path:
+    """Where a document's figures go: a folder named after it, beside it (``results.md`` -> ``results_figures/``),
+    so that documents written to one folder never share (and overwrite) each other's figures."""
+    return out.parent / f"{out.stem}_figures"
+
+
 def _figures(inp: Inputs, folder: Path, analysis: Analysis) -> dict[str, str]:
+    """Draw the document's figures into ``folder``; returns {caption: path relative to the document}."""
     figures = {}
     intervals = {v: c.ci for v, c in analysis.by_variant.items()}
     _save(delta_curves(inp.runs, inp.evals, inp.baseline, deep=set(inp.deep), bands=bands(analysis)),
           folder / "delta_curves.png")
-    figures["Δ eval loss vs the baseline over steps"] = "reports/delta_curves.png"
+    figures["Δ eval loss vs the baseline over steps"] = f"{folder.name}/delta_curves.png"
     shallow = [v for v in sorted(set(inp.runs["variant"])) if v not in inp.deep]
     choice = choose(inp.runs, inp.evals, shallow, inp.baseline, inp.step)
     if choice is not None:
@@ -240,12 +265,12 @@ def _figures(inp: Inputs, folder: Path, analysis: Analysis) -> dict[str, str]:
         # throughputs recorded under different conditions measure the machine: no figure sets them side by side
         if inp.baseline in set(table["variant"]) and costs.alike(sets, [], costs.fields_for(sets)[0]):
             _save(throughput_vs_delta(table, inp.baseline, intervals), folder / "throughput_vs_delta.png")
-            figures[f"Throughput vs eval-loss Δ at step {choice.step:,}"] = "reports/throughput_vs_delta.png"
+            figures[f"Throughput vs eval-loss Δ at step {choice.step:,}"] = f"{folder.name}/throughput_vs_delta.png"
     if not inp.maps.empty:
         named = inp.maps.merge(inp.runs[["id", "variant"]], left_on="run_id", right_on="id")
         last = {v: g[g["step"] == g["step"].max()] for v, g in sorted(named.groupby("variant"), key=lambda kv: kv[0])}
         _save(depth_heatmaps(last), folder / "depth_maps.png")
-        figures["Depth-attention maps (last eval)"] = "reports/depth_maps.png"
+        figures["Depth-attention maps (last eval)"] = f"{folder.name}/depth_maps.png"
     return figures
 
 
@@ -259,6 +284,7 @@ class Comparison:
     config: pd.DataFrame
     cost: pd.DataFrame
     tuning: pd.DataFrame | None = None  # with --tuned: every value of the setting, the picked ones marked
+    also: list[Scope] = field(default_factory=list)  # other scopes holding every compared variant (not compared)
 
     def markdown(self) -> str:
         text = cmp.compare_markdown(self.aligned, self.stats, self.config, self.cost, self.step, self.scope)
@@ -290,12 +316,15 @@ def compare(engine: Engine, variants: list[str], step: int | None = None, plot: 
     mine = all_runs[all_runs["variant"].isin(names)]
     if mine.empty:
         raise AttnresError(f"no runs of {', '.join(names)}")
+    scope, also = None, []
     try:
         if cells:
             runs, scope = select_arms(mine, arms, experiment, preset, budget, data, pick)
         else:
-            runs, scope, _ = select(mine, experiment, preset, budget, data=data, pick=pick, tuned=tuned)
+            runs, scope, _ = select(mine, experiment, preset, budget, data=data, pick=pick, tuned=tuned,
+                                    members=names)
             runs = runs.assign(arm=runs["variant"])
+            also = [s for s in scopes_of(holding(mine, names)) if s != replace(scope, tuned=None)]
         arm_of = dict(zip(runs["id"], runs["arm"], strict=True))
         res = load_results(engine, names, step=step, runs=runs.drop(columns="arm"))
         table = _tuned(res, tuned)
@@ -304,13 +333,18 @@ def compare(engine: Engine, variants: list[str], step: int | None = None, plot: 
         res.evals = res.evals[res.evals["run_id"].isin(res.runs["id"])]
         aligned = cmp.aligned_evals(res.runs, res.evals, labels)
         at = step if step is not None else int(aligned["step"].max())
+        if at == 0:
+            raise ReportError("too early: the arms share no eval after step 0 yet (step 0 is the initialisation, "
+                              "not a result); compare again after their first eval" if step is None else
+                              "step 0 is the initialisation, before any training: nothing to compare there")
         if at not in set(aligned["step"]):
             raise ReportError(f"not every variant has an eval loss at step {at}")
         stats = cmp.seed_stats(res.runs, res.evals, labels, at)
         result = Comparison(labels, at, scope, aligned, stats, cmp.config_diff(res.runs, labels),
-                            cmp.cost(res.runs, labels), table)
+                            cmp.cost(res.runs, labels), table, also)
     except ReportError as exc:
-        raise AttnresError(f"cannot compare: {exc}") from None
+        where = f" (in {scope.label()})" if scope is not None and "no eval loss" in str(exc) else ""
+        raise AttnresError(f"cannot compare: {exc}{where}") from None
     if plot is not None:
         levels = stats.attrs["levels"]
         _save(delta_curves(res.runs, res.evals, labels[0], labels, bands={v: (None, levels[v]) for v in labels}),

@@ -59,14 +59,18 @@ def site_name(site: int, n_sites: int) -> str:
 
 
 def summary(m: pd.DataFrame) -> str:
-    """One paragraph: the weight on the embedding and the strongest long skips."""
+    """One paragraph: the weight on the embedding (over the sites that choose: a site with one source has weight
+    1 on it whatever was learnt) and the strongest long skips."""
     n = len(m.index)
     parts = []
-    if "embedding" in m.columns and m["embedding"].notna().any():
-        emb = m["embedding"].dropna()
+    choice = m[m.notna().sum(axis=1) > 1]  # a site with one source (the first) puts all its weight there: no choice
+    if "embedding" in choice.columns and choice["embedding"].notna().any():
+        emb = choice["embedding"].dropna()
         top = int(emb.idxmax())
-        parts.append(f"weight on the embedding: mean {emb.mean():.2f} over {len(emb)} sites, largest "
-                     f"{emb.max():.2f} at {site_name(top, n)}")
+        skipped = len(m) - len(choice)
+        parts.append(f"weight on the embedding: mean {emb.mean():.2f} over {len(emb)} sites"
+                     + (f" (not counting {skipped} with one source)" if skipped else "")
+                     + f", largest {emb.max():.2f} at {site_name(top, n)}")
     skips = long_skips(m)
     if skips:
         parts.append("strongest long skips: "

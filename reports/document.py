@@ -83,11 +83,12 @@ def variants_section(inp: Inputs) -> str:
     names = [v for v in inp.descriptions if v in present] + [v for v in sorted(present) if v not in inp.descriptions]
     rows = pd.DataFrame({
         "Variant": names,
-        "Description": [inp.descriptions.get(v, "(not in this attnres's registry)") for v in names],
+        "Description": [inp.descriptions.get(v, inp.descriptions.get(v.split("@")[0], "(not in this attnres's "
+                                                                                     "registry)")) for v in names],
         "Parameters": [params_text(inp.params.get(v)) for v in names],
         "Runs": [run_summary(inp.runs[inp.runs["variant"] == v]) for v in names],
     })
-    missing = [v for v in inp.descriptions if v not in present]
+    missing = [v for v in inp.descriptions if v not in {p.split("@")[0] for p in present}]  # (a cell: its variant)
     tail = f"\nNot run in this scope: {', '.join(missing)}.\n" if missing else ""
     counted = (f"\nParameters: as trained (runs recorded elsewhere: the variant's model at preset "
                f"{inp.scope.preset}); the output layer is tied to the token embedding, and non-embedding leaves the "
@@ -124,10 +125,12 @@ def _progress_notes(choice: Choice) -> list[str]:
 
 
 def main_section(inp: Inputs, a: Analysis) -> str:
-    main = completed(a.table, inp.baseline, a.main.behind)
+    at = None if a.main.step >= inp.scope.budget else a.main.step  # a partial table: train loss at its step
+    main = completed(a.table, inp.baseline, a.main.behind, at)
+    train = "final train loss" if at is None else f"train loss at step {at:,} (the eval loss's step)"
     text = [f"## Results\n\nEval loss (held-out data) {_where(a.main, inp.scope.budget)}. Lower is better. "
             f"Baseline = {inp.baseline}. Eval loss is the mean ± std over seeds, or the one seed's value; "
-            "Δ is between means; final train loss and throughput are means over the same seeds.\n",
+            f"Δ is between means; {train} and throughput are means over the same seeds.\n",
             _md(main) + "\n"]
     text += [f"{n}\n" for n in main.attrs["footnotes"] + inp.notes + _progress_notes(a.main)]
     return "\n".join(text)
@@ -190,12 +193,17 @@ def evidence_section(a: Analysis) -> str:
             + _md(evidence.table(a.tests)) + "\n")
 
 
-def cost_section(a: Analysis, baseline: str) -> str:
+def cost_section(a: Analysis, baseline: str, devices: pd.Series | None = None) -> str:
     base = baseline_row(a.table, baseline)
     mem = base["peak_memory_bytes"]
     mem_txt = f"{mem / 2**30:.2f} GiB" if isinstance(mem, float) and math.isfinite(mem) else "unknown"
+    on_cpu = devices is not None and devices.fillna("").astype(str).str.lower().str.startswith("cpu").any()
+    rss = (" On CPU, peak memory is the training process's peak resident set (RSS): the Python runtime, the data "
+           "and allocator caches included, not the model's activations alone, so it tells little between "
+           "variants; `attnres bench` on a GPU measures allocations.") if on_cpu else ""
     return (f"## Cost/Benefit Summary\n\n{_md(a.verdicts)}\n\nSpeed = change in tok/s vs {baseline} (−: slower). "
-            f"Memory = change in peak memory vs {baseline} ({mem_txt}; +: more). {a.verdicts.attrs.get('note', '')}"
+            f"Memory = change in peak memory vs {baseline} ({mem_txt}; +: more).{rss} "
+            f"{a.verdicts.attrs.get('note', '')}"
             f"\n\n{STARS_RULE}\n\n{RULE}\n")
 
 
@@ -237,7 +245,7 @@ def report_parts(inp: Inputs, title: str = "AttnRes: Attention Over the Residual
     parts.append(multi_seed_section(multi_seed(inp.runs, a.table, inp.baseline, a.main.step), inp.baseline,
                                     a.main.step, a.by_variant))
     parts += [deep_section(inp, a, deep), evidence_section(a), maps_section(inp), findings.markdown(a.findings),
-              cost_section(a, inp.baseline), whats_next.markdown(a.plan)]
+              cost_section(a, inp.baseline, inp.runs.get("device")), whats_next.markdown(a.plan)]
     after = []
     if inp.others:
         after.append("## Other Experiments in This Database\n\nNot in this document (a table never mixes "

@@ -213,8 +213,9 @@ def _running(runs: pd.DataFrame) -> Item:
 def never_run(runs: pd.DataFrame, scope: Scope, baseline: str) -> tuple[list[str], list[str]]:
     """Registry variants with no run in this scope: (those buildable at its preset, those refused there)."""
     fresh, refused = [], []
+    present = {str(x).split("@")[0] for x in runs["variant"]}  # (a sweep's cells as arms: their variant ran)
     for v in VARIANTS:
-        if v in set(runs["variant"]):
+        if v in present:
             continue
         try:
             resolve_run(v, scope.preset, 0, experiment=scope.experiment)

@@ -86,10 +86,13 @@ def _scope(row: object, tuned: str | None = None) -> Scope:
 
 def select(runs: pd.DataFrame, experiment: str | None = None, preset: str | None = None,
            budget: int | None = None, baseline: str | None = None, data: str | None = None,
-           pick: dict[str, str] | None = None, tuned: str | None = None) -> tuple[pd.DataFrame, Scope, list[Scope]]:
+           pick: dict[str, str] | None = None, tuned: str | None = None,
+           members: list[str] | None = None) -> tuple[pd.DataFrame, Scope, list[Scope]]:
     """The runs of one scope (the filters', else the one with the most recent run), the scope, and
     every other scope of ``runs``, latest first. With ``baseline``, the newest scope that has runs of it
-    is preferred (a lone variant launched last does not make the default report impossible).
+    is preferred (a lone variant launched last does not make the default report impossible). With
+    ``members`` (the variants a compare names), only a scope holding runs of every one of them is chosen, the
+    newest of those; none is one error saying where each variant's runs are.
 
     ``pick`` (``--set KEY=VALUE``) keeps the runs whose settings hold those values; ``tuned`` joins the
     cells that differ only in that setting (which must be swept there).
@@ -113,6 +116,8 @@ def select(runs: pd.DataFrame, experiment: str | None = None, preset: str | None
         raise ReportError(f"no runs match {asked}" if asked else "no runs in the database: launch some first "
                           "(attnres launch ...)")
     found = scopes(picked)
+    if members:
+        found = holding(picked, members)
     if baseline is not None:
         has = scopes(picked[picked["variant"] == baseline])[KEYS]
         with_base = found.merge(has, on=KEYS)
@@ -127,6 +132,28 @@ def select(runs: pd.DataFrame, experiment: str | None = None, preset: str | None
         raise ReportError(f"--tuned {tuned}: {tuned} has one value in {replace(scope, tuned=None).label()}"
                           + (f" (swept there: {', '.join(have)})" if have else " (nothing is swept there)"))
     return inside.drop(columns=["budget", "dataset", "settings", "cell"]), scope, others
+
+
+def holding(runs: pd.DataFrame, members: list[str]) -> pd.DataFrame:
+    """The scopes (as :func:`scopes`) that hold runs of every one of ``members``, newest first; none is one
+    error naming the scopes each member's runs are in."""
+    keyed = runs if "cell" in runs else _keyed(runs)
+    found = scopes(keyed)
+    for name in members:
+        found = found.merge(scopes(keyed[keyed["variant"] == name])[KEYS], on=KEYS)
+    if found.empty:
+        where = "; ".join(f"{name}: " + (", ".join(f"{_scope(r).label()} ({_scope(r).flags()})"
+                                                  for r in scopes(keyed[keyed["variant"] == name]).itertuples())
+                                        or "no runs")
+                          for name in members)
+        raise ReportError(f"no experiment, preset, budget and dataset holds runs of all of {', '.join(members)} "
+                          f"({where})")
+    return found
+
+
+def scopes_of(found: pd.DataFrame) -> list[Scope]:
+    """The scopes of a :func:`scopes` frame, in its order."""
+    return [_scope(r) for r in found.itertuples()]
 
 
 def select_arms(runs: pd.DataFrame, arms: list[tuple[str, dict[str, str]]], experiment: str | None = None,
@@ -204,19 +231,22 @@ def _reach(runs: pd.DataFrame, evals: pd.DataFrame) -> dict[str, set[int]]:
 
 def choose(runs: pd.DataFrame, evals: pd.DataFrame, members: list[str], baseline: str,
            step: int | None = None) -> Choice | None:
-    """The step a group (``members`` and ``baseline``) is compared at; None if the baseline has no eval.
+    """The step a group (``members`` and ``baseline``) is compared at; None if the baseline has no eval after
+    step 0 yet (too early: step 0 is the initialisation, never a comparison).
 
     The latest eval step of the baseline that at least half of the members with live runs have reached
     (so one straggler does not hold the rest back, nor one runner-ahead leave the rest out); with
     ``step`` given, that step. Members without an eval there are too early (with their furthest step).
     """
+    if step == 0:
+        raise ReportError("step 0 is the initialisation, before any training: nothing to compare there")
     runs = runs[runs["variant"].isin([*members, baseline])]
     asked = step is not None
-    reach = _reach(runs, evals)
+    reach = {v: steps - {0} for v, steps in _reach(runs, evals).items()}  # (step 0 compares initialisations)
     base = reach.pop(baseline, set())
     if not base:  # every baseline run ended early: compare at its evals (they are marked)
         ended = runs[(runs["variant"] == baseline)]
-        base = set(finite(evals).loc[lambda e: e["run_id"].isin(ended["id"]), "step"])
+        base = set(finite(evals).loc[lambda e: e["run_id"].isin(ended["id"]), "step"]) - {0}
     others = [v for v in members if v != baseline and v in reach]
     if step is None:
         if not base:

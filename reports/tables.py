@@ -34,6 +34,7 @@ def per_variant(runs: pd.DataFrame, evals: pd.DataFrame, step: int, variants: li
     if at.empty:
         raise ReportError(f"no run has an eval loss at step {step}")
     info = runs.set_index("id")
+    train = train_at(evals, info, at)
     rows = []
     for variant, grp in at.groupby("variant", sort=False):
         if (grp["mark"] == "").any():  # a seed that ended early is not averaged with finished ones at another step
@@ -45,13 +46,32 @@ def per_variant(runs: pd.DataFrame, evals: pd.DataFrame, step: int, variants: li
             "variant": variant, "eval": mean, "std": std,
             "values": dict(zip(grp["seed"].astype(int), grp["eval"], strict=True)),
             "run_ids": dict(zip(grp["seed"].astype(int), grp["run_id"], strict=True)),
-            "train": info.loc[ids, "final_train_loss"].mean(),
+            "train": train.loc[ids].mean(),
             "seeds": sorted(grp["seed"].astype(int).tolist()),
             "tokens_per_s": info.loc[ids, "tokens_per_s"].mean(),
             "peak_memory_bytes": info.loc[ids, "peak_memory_bytes"].mean(),
             "mark": "; ".join(marks),
         })
     return pd.DataFrame(rows)
+
+
+def train_at(evals: pd.DataFrame, info: pd.DataFrame, at: pd.DataFrame) -> pd.Series:
+    """Each compared run's train loss at the step its eval loss is taken from (``evals``' ``train`` column), so
+    a partial table never sets one run's last train loss beside another's at an earlier step; a frame without
+    that column (hand-built) gives the runs' final train loss, as does a run's last step without a train loss logged
+    at it (imported curves log the two at different steps)."""
+    final = info["final_train_loss"] if "final_train_loss" in info else pd.Series(dtype=float)
+    if "train" not in evals:
+        return final.reindex(at["run_id"]).astype(float)
+    lookup = evals.dropna(subset=["train"]).set_index(["run_id", "step"])["train"]
+    lookup = lookup[~lookup.index.duplicated(keep="last")]
+    values = []
+    for rid, step in zip(at["run_id"], at["eval_step"], strict=True):
+        value = float(lookup.get((rid, step), math.nan))
+        if not math.isfinite(value) and step >= info.at[rid, "total_steps"]:  # its last step: its last train loss
+            value = float(final.get(rid, math.nan))
+        values.append(value)
+    return pd.Series(values, index=at["run_id"].to_numpy(), dtype=float)
 
 
 def baseline_row(table: pd.DataFrame, baseline: str) -> pd.Series:
@@ -68,9 +88,11 @@ def value_text(mean: float, std: float, seeds: list[int]) -> str:
     return f"{mean:.3f} ± {num(std, '.3f', '?')} (mean of {len(seeds)})"
 
 
-def completed(table: pd.DataFrame, baseline: str, behind: list[tuple[str, int, int]] | None = None) -> pd.DataFrame:
+def completed(table: pd.DataFrame, baseline: str, behind: list[tuple[str, int, int]] | None = None,
+              step: int | None = None) -> pd.DataFrame:
     """The main table (markdown-ready strings), best first, marked rows last; ``behind`` (variant,
-    seed, step) are runs still in progress, named in their variant's Seeds cell."""
+    seed, step) are runs still in progress, named in their variant's Seeds cell; ``step``: the table is
+    partial, at that step (its train loss column is that step's, and says so)."""
     base = baseline_row(table, baseline)
     t = table.assign(delta=table["eval"] - base["eval"], marked=table["mark"] != "")
     t = t.sort_values(["marked", "eval"], kind="stable")
@@ -84,14 +106,27 @@ def completed(table: pd.DataFrame, baseline: str, behind: list[tuple[str, int, i
                       for e, s, seeds, m in zip(t["eval"], t["std"], t["seeds"], t["mark"], strict=True)],
         "Δ vs Baseline": ["—" if v == baseline else f"{shown(d):+.3f}"
                           for v, d in zip(t["variant"], t["delta"], strict=True)],
-        "Train Loss (final)": [num(x, ".3f") + (star.get(m, "") if math.isfinite(x) else "")
-                               for x, m in zip(t["train"], t["mark"], strict=True)],
+        "Train Loss (final)" if step is None else f"Train Loss @ {step:,}": [
+            num(x, ".3f") + (star.get(m, "") if math.isfinite(x) else "")
+            for x, m in zip(t["train"], t["mark"], strict=True)],
         "Seeds": [_fmt_seeds(s) + "".join(f"; {g}" for g in going.get(v, []))
                   for v, s in zip(t["variant"], t["seeds"], strict=True)],
-        "Throughput": [num(x / 1000, ".1f") + ("k tok/s" if math.isfinite(x) else "") for x in t["tokens_per_s"]],
+        "Throughput": [throughput_text(x) for x in t["tokens_per_s"]],
     })
     out.attrs["footnotes"] = [f"{s}{m}." for m, s in star.items()]
     return out.reset_index(drop=True)
+
+
+def throughput_text(x: float) -> str:
+    """Tokens/s that read at any size: ``197k tok/s``, ``12.3k tok/s``, ``845 tok/s``, ``3.2 tok/s`` (never
+    ``0.0k``)."""
+    if x is None or not math.isfinite(x):
+        return "—"
+    if x >= 100_000:
+        return f"{x / 1000:,.0f}k tok/s"
+    if x >= 1000:
+        return f"{x / 1000:.1f}k tok/s"
+    return f"{x:.0f} tok/s" if x >= 10 else f"{x:.2g} tok/s"
 
 
 def evidence(row: pd.Series, base: pd.Series) -> dict[str, float]:

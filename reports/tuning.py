@@ -83,3 +83,39 @@ def tuning_markdown(table: pd.DataFrame, key: str) -> str:
             f"Picked: {picked}. The pick and the comparison below use the same eval, so the tuned losses are "
             f"slightly optimistic; the runners-up are listed.\n\n"
             + table.to_markdown(index=False, disable_numparse=True) + "\n")
+
+
+def cells_as_arms(runs: pd.DataFrame, key: str, default: str | None) -> tuple[pd.DataFrame, str, str]:
+    """One variant swept over ``key``: its values become the compared arms (``control_block@lr=0.001``), the
+    baseline being the arm at ``default`` (the value the variant trains with unless told otherwise), or, where
+    that value was not run, the value nearest it (in log scale for positive numbers). Returns the runs
+    relabelled, the baseline arm and a sentence saying so."""
+    variant = str(runs["variant"].iloc[0])
+    values = [grid.settings(c).get(key) for c in runs["config_json"]]
+    held = sorted({v for v in values if v is not None}, key=_order)
+    if len(held) < 2:
+        raise ReportError(f"--tuned {key}: {variant} has one value of {key} here")
+
+    def distance(v: str) -> float:
+        try:
+            a, b = float(v), float(default or "nan")
+        except ValueError:
+            return math.inf
+        if a > 0 and b > 0:
+            return abs(math.log(a / b))
+        return abs(a - b) if math.isfinite(a - b) else math.inf
+
+    base = default if default in held else min(held, key=distance)
+    labels = [grid.arm_label(variant, {key: v}) if v is not None else variant for v in values]
+    why = ("its default" if base == default else f"the value nearest its default {key}={default}"
+           if default is not None else "the first value")
+    note = (f"Only {variant} was run here, over {len(held)} values of {key}: each value is an arm, compared "
+            f"against {grid.arm_label(variant, {key: base})} ({why}).")
+    return runs.assign(variant=labels), grid.arm_label(variant, {key: base}), note
+
+
+def _order(v: str) -> tuple[int, float, str]:
+    try:
+        return (0, float(v), v)
+    except ValueError:
+        return (1, 0.0, v)

@@ -94,7 +94,7 @@ def test_local_poll_decides_by_process_on_this_host_and_by_heartbeat_elsewhere(t
     assert {name: got[run.id][0] for name, (run, _) in cases.items()} == {n: v for n, (_, v) in cases.items()}
 
 
-def test_a_resumed_run_takes_its_last_attempts_spool_along_and_the_old_queue_leaves_it_be(tmp_path):
+def test_a_resumed_run_takes_its_last_attempts_spool_along_and_the_old_queue_leaves_it_be(tmp_path, monkeypatch):
     """A trainer killed with values only in its spool, then resumed while its old queue is still settling:
     the spool is recorded as the last attempt's at the reopening, and the old queue records nothing after it
     (its late replay once gave the new attempt the dead pid and start time, and a monitor failed the run)."""
@@ -112,7 +112,15 @@ def test_a_resumed_run_takes_its_last_attempts_spool_along_and_the_old_queue_lea
         *({"r": killed.id, "s": s, "m": {"train_loss": 1.0 / s}} for s in (1, 2, 3)),
         {"run": killed.id, "fields": {"step": 3}}]))
     assert states.transition(engine, killed.id, states.KILLED, states.USER)
-    orchestrator.reopen(engine, [killed.id])
+    import torch
+
+    from attnres import checkpoint, paths
+
+    monkeypatch.setenv("ATTNRES_CHECKPOINTS", str(tmp_path / "checkpoints"))
+    model = torch.nn.Linear(2, 2)
+    checkpoint.save(paths.checkpoints_dir(killed.id), model, torch.optim.SGD(model.parameters(), lr=0.1), 3)
+    assert orchestrator.reopen(engine, [killed.id])[1] == [
+        f"run {killed.id} (standard, seed {killed.seed}): from step 3 of {killed.total_steps} (its last checkpoint)"]
     r = store.get_run(engine, killed.id)
     assert (r.status, r.agent_pid, r.step) == (states.QUEUED, None, 3) and path.stat().st_size == 0
     assert sorted(store.metrics_frame(engine, ["train_loss"], [killed.id])["step"]) == [1, 2, 3]

@@ -220,7 +220,7 @@ def test_every_output_option_creates_its_folders_and_refuses_a_file_in_the_way(w
         code, _, err = in_process([*args, "--db", db], capsys, monkeypatch)
         assert code == 2 and "taken" in err and len(err.strip().splitlines()) == 1, (args, err)
     assert (workdir / "taken").read_text() == "a file"
-    for args, made in ((["report", "--out", "a/b/r.md"], "a/b/reports/delta_curves.png"),
+    for args, made in ((["report", "--out", "a/b/r.md"], "a/b/r_figures/delta_curves.png"),
                        (["compare", "standard", "control_block", "--out", "c/d/c.md", "--plot", "e/f.png"], "e/f.png"),
                        (["export", "--out", "g/h"], "g/h/runs.csv")):
         code, _, err = in_process([*args, "--db", db], capsys, monkeypatch)
@@ -244,8 +244,13 @@ def test_a_report_of_one_swept_variant_points_to_comparing_its_cells(workdir, ca
     for lr, final in (("1e-3", 3.0), ("3e-3", 2.9)):
         for seed in (1, 2):
             cell_run(engine, "control_block", seed, lr, final + seed / 100)
-    for args in (["--tuned", "lr"], []):
-        code, _, err = in_process(["report", "--out", "r.md", "--db", db, *args], capsys, monkeypatch)
-        assert code == 2 and "attnres compare control_block@lr=0.00" in err, err
-        arms = err.split("`attnres compare ")[1].split("`")[0].split()
-        assert in_process(["compare", *arms, "--db", db], capsys, monkeypatch)[0] == 0
+    code, _, err = in_process(["report", "--out", "r.md", "--db", db], capsys, monkeypatch)
+    assert code == 2 and "attnres compare control_block@lr=0.00" in err, err
+    arms = err.split("`attnres compare ")[1].split("`")[0].split()
+    assert in_process(["compare", *arms, "--db", db], capsys, monkeypatch)[0] == 0
+    # with --tuned, its values are the arms, against its default value (the tiny preset's lr, 0.003)
+    code, _, err = in_process(["report", "--out", "r.md", "--db", db, "--tuned", "lr", "--no-plots"], capsys,
+                              monkeypatch)
+    assert code == 0, err
+    text = (workdir / "r.md").read_text()
+    assert "Baseline = control_block@lr=0.003" in text and "| control_block@lr=0.001" in text

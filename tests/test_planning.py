@@ -18,7 +18,7 @@ from attnres.tracking.db import get_engine
     ({"backend": "k8s"}, "unknown backend 'k8s'"),
     ({"kill_if_worse_than": "standard"}, "needs --at-step"),
     ({"preset": "huge"}, "unknown preset 'huge'"),
-    ({"overrides": ["n_layers=2"]}, "did you mean n_layer?"),
+    ({"overrides": ["n_layers=2"]}, "did you mean 'n_layer'"),
     ({"placement": Placement(nproc=0)}, "--nproc"),
     ({"backend": "slurm", "placement": Placement(time_limit="forever")}, "bad --time"),
     ({"backend": "slurm", "placement": Placement(options={"x": "1"})}, "takes no --backend-opt"),
@@ -59,4 +59,4 @@ def test_resume_refuses_runs_that_are_not_interrupted_and_changes_nothing(tmp_pa
     with pytest.raises(AttnresError, match=f"run {b} is queued"):
         orchestrator.reopen(engine, [a, b])
     assert store.status_of(engine, a) == states.FAILED  # checked all before changing any
-    assert orchestrator.reopen(engine, [a]) == 1 and store.status_of(engine, a) == states.QUEUED
+    assert orchestrator.reopen(engine, [a])[0] == 1 and store.status_of(engine, a) == states.QUEUED

@@ -115,7 +115,7 @@ def test_seed_document_regenerated_from_its_figures(workdir):
     assert f"Generated: {dt.date.today().isoformat()}." in text and "Devices: 4x NVIDIA B200 (18 runs)." in text
     assert "Scope: experiment paper500m, preset paper500m, 6,000 steps." in text
     for png in ("delta_curves.png", "throughput_vs_delta.png"):
-        assert (workdir / "reports" / png).stat().st_size > 10_000
+        assert (workdir / "r_figures" / png).stat().st_size > 10_000
 
 
 def test_one_database_many_experiments_never_mixes_them(workdir):
@@ -314,7 +314,7 @@ def test_depth_maps_are_recorded_drawn_and_named(workdir, capsys, monkeypatch):
     text = (workdir / "r.md").read_text()
     assert "Scope: experiment maps-1, preset tiny, 10 steps, data builtin-bytes." in text
     assert "## Depth-Attention Maps" in text and "strongest long skips: " in text and "← block 1" in text
-    assert "weight on the embedding: mean" in text and (workdir / "reports" / "depth_maps.png").exists()
+    assert "weight on the embedding: mean" in text and (workdir / "r_figures" / "depth_maps.png").exists()
     out = attnres("inspect", "1", "--step", "5", "--out", "m.png", check=True).stdout  # the command itself, once
     assert "run 1 at step 5: weight on the embedding" in out and (workdir / "m.png").stat().st_size > 5_000
     for args, says in [(["2"], "standard residuals have no depth attention"),

@@ -85,14 +85,14 @@ def test_report_has_exact_statistics(db, workdir):
     assert "one ★ for any improvement" in text and "Holm" in text
     # deep family against the shallow baseline at their common step (100)
     assert "## Deep Variants" in text and "Eval @ 100" in text
-    assert "![Δ eval loss vs the baseline over steps](reports/delta_curves.png)" in text
-    assert (workdir / "reports" / "delta_curves.png").stat().st_size > 10_000
+    assert "![Δ eval loss vs the baseline over steps](r_figures/delta_curves.png)" in text
+    assert (workdir / "r_figures" / "delta_curves.png").stat().st_size > 10_000
 
 
 def test_report_is_identical_when_run_twice(db, workdir):
-    attnres("report", "--out", "a.md", check=True)
-    attnres("report", "--out", "b.md", check=True)
-    assert (workdir / "a.md").read_text() == (workdir / "b.md").read_text()
+    attnres("report", "--out", "a/r.md", check=True)
+    attnres("report", "--out", "b/r.md", check=True)
+    assert (workdir / "a/r.md").read_text() == (workdir / "b/r.md").read_text()
 
 
 def test_report_at_a_chosen_step(db, workdir):

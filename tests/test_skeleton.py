@@ -65,7 +65,7 @@ def test_unknown_variant_is_one_clear_line(workdir):
     assert len(lines) == 1 and "unknown variant 'nosuchvariant'" in lines[0]
     assert "Traceback" not in proc.stderr
     near = attnres("launch", "block_gqa_dept", "--seeds", "1")
-    assert near.returncode == 2 and "did you mean block_gqa_depth?" in near.stderr
+    assert near.returncode == 2 and "did you mean 'block_gqa_depth'?" in near.stderr
 
 
 def test_finished_config_is_skipped_unless_forced(workdir):

@@ -283,7 +283,7 @@ def test_rope_depth_scores_the_same_content_differently_by_depth_distance():
 
 def test_aliases_and_unknown_names():
     assert get_variant("baseline_standard").name == "standard"
-    with pytest.raises(AttnresError, match="did you mean control_block"):
+    with pytest.raises(AttnresError, match="did you mean 'control_block'"):
         get_variant("control_blok")
 
 

@@ -13,7 +13,6 @@ is what ``attnres launch --detach`` starts in the background: it outlives the te
 from __future__ import annotations
 
 import argparse
-import fcntl
 import os
 import select
 import signal
@@ -44,6 +43,8 @@ from attnres.backends import (
     silence,
     trainer_command,
 )
+from attnres.backends.slots import Slots
+from attnres.durations import duration
 from attnres.errors import AttnresError
 from attnres.logline import say
 from attnres.tracking import spool, states, store
@@ -79,50 +80,6 @@ def threads_per_process(nproc: int, runs_at_once: int = 1) -> int:
     except AttributeError:  # (not Linux)
         cores = os.cpu_count() or 1
     return max(1, cores // max(1, nproc * runs_at_once))
-
-
-class Slots:
-    """Machine-wide places to run: one per GPU, or one CPU slot, each a lock file in ``paths.slots_dir()``.
-
-    Every queue process on this machine takes a run's slots with an exclusive ``flock`` before it
-    starts the run and gives them back when the run's process has ended, so two queues (a
-    foreground launch and a ``resume --detach``) never train two runs at once on one CPU or GPU.
-    The kernel releases the locks of a queue that dies.
-    """
-
-    def __init__(self, gpus: list[str]) -> None:
-        self.names = [f"gpu-{g}" for g in gpus] or ["cpu"]
-        self.folder = paths.slots_dir()
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.held: dict[str, int] = {}
-
-    def take(self, n: int) -> list[str] | None:
-        """``n`` free slots, now, or None (nothing taken)."""
-        got: list[str] = []
-        for name in self.names:
-            if len(got) == n:
-                break
-            if name in self.held:
-                continue
-            fd = os.open(self.folder / name, os.O_RDWR | os.O_CREAT, 0o666)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:  # held by another queue
-                os.close(fd)
-                continue
-            self.held[name] = fd
-            got.append(name)
-        if len(got) < n:
-            self.give(got)
-            return None
-        return got
-
-    def give(self, names: list[str]) -> None:
-        for name in names:
-            fd = self.held.pop(name, None)
-            if fd is not None:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                os.close(fd)
 
 
 @dataclass
@@ -227,8 +184,9 @@ def run_queue(engine: Engine, db: str | None, run_ids: Sequence[int], nproc: int
     per_run = gpus_per_run if gpus else 1
     if gpus and per_run > len(gpus):
         raise AttnresError(f"--gpus-per-run {per_run} but this machine has {len(gpus)} GPU(s)")
-    slots = Slots(gpus)
+    slots = Slots(gpus, url)
     pending, active, results = deque(run_ids), {}, {}
+    waiting = Waiting()
     try:
         while pending or active:
             while pending:
@@ -236,11 +194,16 @@ def run_queue(engine: Engine, db: str | None, run_ids: Sequence[int], nproc: int
                 if status != states.QUEUED:  # killed (or started elsewhere) while waiting
                     results[pending.popleft()] = status
                     continue
-                taken = slots.take(per_run)
+                taken = slots.take(per_run, pending[0])
                 if taken is None:  # every slot is busy, here or in another queue on this machine
+                    if not active:
+                        waiting.say(pending[0], slots)
                     break
+                waiting.clear()
                 rid = pending.popleft()
                 active[rid] = start(engine, url, rid, per_run if gpus else nproc, taken)
+            if not pending:
+                slots.done_waiting()
             for rid, job in list(active.items()):
                 if job.proc.poll() is not None:
                     results[rid] = settle(engine, rid, job.proc.returncode, job.log, job.proc.pid)
@@ -253,7 +216,38 @@ def run_queue(engine: Engine, db: str | None, run_ids: Sequence[int], nproc: int
                 nap(list(active.values()), poll)
     except KeyboardInterrupt:
         raise _stop(engine, active, pending, slots, results) from None
+    finally:
+        slots.done_waiting()
     return results
+
+
+class Waiting:
+    """The line a queue prints when its next run cannot start: what it waits for (who holds the slot, since
+    when), again when that changes and every ``EVERY_S`` while it lasts, so a wait is never silent."""
+
+    EVERY_S = 60.0
+
+    def __init__(self) -> None:
+        self.last: tuple | None = None
+        self.at = 0.0
+        self.since = 0.0
+
+    def say(self, run_id: int, slots: Slots) -> None:
+        busy = slots.busy()
+        key = (run_id, tuple((h.slot, h.db, h.run, h.pid) for h in busy))
+        now = time.monotonic()
+        if key == self.last and now - self.at < self.EVERY_S:
+            return
+        if self.last is None:
+            self.since = now
+        self.last, self.at = key, now
+        what = ("; ".join(h.text() for h in busy) if busy
+                else "a queue launched earlier on this machine, whose runs start first")
+        waited = f" (waiting {duration(now - self.since)})" if now - self.since >= 1 else ""
+        say(f"run {run_id} is queued: it waits for {what}{waited}")
+
+    def clear(self) -> None:
+        self.last = None
 
 
 GRACE_S = 120  # how long a stopped run may take to write its checkpoint before it is killed
@@ -372,7 +366,28 @@ class LocalBackend(Backend):
         return out
 
     def kill(self, run: Run) -> None:
-        kill_tree(run.agent_pid, run.pid if run.host == socket.gethostname() else None)
+        """SIGTERM first (torchrun passes it to the trainer, which saves a checkpoint at the end of its step,
+        so `attnres resume` continues from there), SIGKILL for whatever is left after ``kill_grace_s()``."""
+        trainer = run.pid if run.host == socket.gethostname() else None
+        procs = [p for p in (run.agent_pid, trainer) if p and p != os.getpid() and process_alive(p, run.started_at)]
+        for pid in procs[:1]:  # torchrun if it is there (it stops its workers), else the trainer itself
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
+        end = time.monotonic() + kill_grace_s()
+        while any(process_alive(p) for p in procs) and time.monotonic() < end:
+            time.sleep(0.05)
+        kill_tree(run.agent_pid, trainer)
+
+
+def kill_grace_s() -> float:
+    """How long `attnres kill` lets a run save its checkpoint before SIGKILL: ``$ATTNRES_KILL_GRACE`` seconds
+    (default 30; 0 kills at once)."""
+    try:
+        return max(0.0, float(os.environ.get("ATTNRES_KILL_GRACE", "30")))
+    except ValueError:
+        return 30.0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,6 +76,23 @@ def _evals(engine: Engine, where: object) -> pd.DataFrame:
         return pd.DataFrame([tuple(r) for r in conn.execute(q).all()], columns=["run_id", "step", "value"])
 
 
+def _with_train(engine: Engine, evals: pd.DataFrame, ids: list[int]) -> pd.DataFrame:
+    """``evals`` with a ``train`` column: each run's train loss at the same step (NaN where none was logged), so
+    that a table compared at a step takes the train loss of that step too, not of whatever step a run reached."""
+    steps = sorted(set(evals["step"].astype(int)))
+    if not ids or not steps:
+        return evals.assign(train=float("nan"))
+    key = select(MetricKey.id).where(MetricKey.name == "train_loss").scalar_subquery()
+    rows = []
+    with engine.connect() as conn:
+        for i in range(0, len(steps), 500):  # (bound parameters per statement stay well under SQLite's limit)
+            q = select(Metric.run_id, Metric.step, Metric.value).where(
+                Metric.key_id == key, Metric.run_id.in_(ids), Metric.step.in_(steps[i:i + 500]))
+            rows += [tuple(r) for r in conn.execute(q).all()]
+    train = pd.DataFrame(rows, columns=["run_id", "step", "train"])
+    return evals.merge(train, on=["run_id", "step"], how="left")
+
+
 def _common_step(engine: Engine, runs: pd.DataFrame, last_step: pd.Series) -> int | None:
     """Largest eval step all live runs share: the smallest last step, if all have it."""
     live = runs.loc[~runs["status"].isin(EARLY), "id"].tolist()
@@ -122,6 +139,7 @@ def load_results(engine: Engine, variants: list[str] | None = None, step: int | 
             extra = _evals(engine, Metric.run_id.in_(missing["run_id"].tolist())
                            & Metric.step.in_(missing["step"].unique().tolist()))
             evals = pd.concat([evals, extra.merge(missing[["run_id", "step"]])], ignore_index=True)
+    evals = _with_train(engine, evals, ids)
     train_step = stats["train_loss"]["last_step"]
     final_train = pd.Series(dtype="float64")
     if len(train_step):

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
@@ -29,6 +30,10 @@ from attnres.model import GPT
 from attnres.optim import build_optimizer
 from attnres.tracking import depth_maps, states
 from attnres.training.distributed import Dist, agree, all_mean, device_model, sum_over_ranks
+
+#: besides the eval lines, rank 0 prints a progress line on an attempt's first step and then whenever this many
+#: seconds passed since its last printed line, so that a run's log shows it going within seconds
+PRINT_EVERY_S = 10.0
 
 
 @dataclass
@@ -158,9 +163,31 @@ def speed_conditions(tcfg: TrainConfig, d: Dist) -> dict[str, object]:
             "compile": compiles(tcfg, d.device), "dtype": "bfloat16" if uses_bf16(tcfg, d.device) else "float32"}
 
 
+def header_prefix(run_id: int | None) -> str:
+    """How an attempt's header line (:func:`header`) of run ``run_id`` starts; its log's attempts are counted by it."""
+    return f"attnres run {'untracked' if run_id is None else run_id} · "
+
+
+def header(cfg: RunConfig, d: Dist, start: int, started: datetime, run_id: int | None = None,
+           attempt: int = 1) -> str:
+    """The line an attempt starts its run's log with: who the run is, what trains it, when, and from which step."""
+    fields = [f"variant {cfg.variant}", f"seed {cfg.seed}", f"config {cfg.config_hash}",
+              f"device {device_model(d.device)}", f"threads {torch.get_num_threads()}",
+              f"started {started:%Y-%m-%d %H:%M:%S} UTC", f"attempt {attempt}",
+              f"resumed from step {start}" if start else "starting at step 0"]
+    return header_prefix(run_id) + " · ".join(fields)
+
+
 def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool = False,
-          preemption: Preemption | None = None) -> Ending:
-    """Train one run from its checkpoint folder ``ckpt`` (unless ``fresh``) to its last step, or an early end."""
+          preemption: Preemption | None = None, run_id: int | None = None, attempt: int = 1) -> Ending:
+    """Train one run from its checkpoint folder ``ckpt`` (unless ``fresh``) to its last step, or an early end.
+
+    Rank 0 first prints the attempt's :func:`header` (``run_id``: the run's row, None in-process; ``attempt``: its
+    number among the run's attempts), then a progress line on the first step and every :data:`PRINT_EVERY_S` seconds,
+    and one line at each eval. A checkpoint is saved every ``checkpoint_every`` steps (0: at each eval), at the last
+    step and on preemption.
+    """
+    started = datetime.now(UTC)
     torch.manual_seed(cfg.seed)
     data = paths.dataset(cfg.data)
     train_shards = TokenShards(data, "train", cfg.model.seq_len)
@@ -183,6 +210,8 @@ def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool =
         return torch.autocast(d.device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
 
     start = checkpoint.load(ckpt, raw_model, optimizer) if checkpoint.exists(ckpt) and not fresh else 0
+    if d.is_rank0:
+        say(header(cfg, d, start, started, run_id, attempt))
     if start:
         recorder.resumed(start)  # the resumed run rewrites what follows its checkpoint
     preemption = preemption or Preemption()
@@ -191,6 +220,7 @@ def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool =
         recorder.record(0, **evaluate(model, eval_shards, cfg, d, autocast, raw_model.residual))
     t_last, steps_since = time.perf_counter(), 0
     t_first = t_last
+    t_said, steps_unsaid = t_last, 0  # the last progress line printed (or eval), and the steps since
     for step in range(start, tcfg.steps):
         lr = lr_at(step, tcfg)
         for group in optimizer.param_groups:
@@ -216,6 +246,7 @@ def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool =
             say(f"torch.compile: the first step took {time.perf_counter() - t_first:.1f} s, compilation included"
                 " (`--set compile=false` turns it off)")
         steps_since += 1
+        steps_unsaid += 1
         last = done == tcfg.steps
         logged = done % tcfg.log_every == 0 or last
         if logged:
@@ -226,6 +257,12 @@ def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool =
             t_last, steps_since = time.perf_counter(), 0
         verdict = None
         evaluated = done % tcfg.eval_every == 0 or last
+        if d.is_rank0 and not evaluated:
+            now = time.perf_counter()
+            if step == start or now - t_said >= PRINT_EVERY_S:
+                tok_s = tokens_per_step * steps_unsaid / max(now - t_said, 1e-9)
+                say(f"step {done}/{tcfg.steps} train {train_loss:.4f} · {tok_s:,.0f} tok/s")
+                t_said, steps_unsaid = now, 0
         if evaluated:
             evals = evaluate(model, eval_shards, cfg, d, autocast, raw_model.residual)
             recorder.record(done, **evals)
@@ -233,11 +270,16 @@ def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool =
             if d.is_rank0:
                 say(f"step {done}/{tcfg.steps} train {train_loss:.4f} eval {ev:.4f}")
             verdict = recorder.verdict(done, ev)
-            t_last = time.perf_counter()  # keep eval time out of tokens/s
+            t_last = t_said = time.perf_counter()  # keep eval time out of tokens/s
+            steps_unsaid = 0
         preempted, stop = agree([preemption.requested, verdict is not None], d)
-        if (tcfg.checkpoint_every and done % tcfg.checkpoint_every == 0) or last or preempted:
+        every = tcfg.checkpoint_every
+        if (done % every == 0 if every else evaluated) or last or preempted:
             if d.is_rank0:
+                t_save = time.perf_counter()
                 checkpoint.save(ckpt, raw_model, optimizer, done)
+                saving = time.perf_counter() - t_save  # kept out of tokens/s, as eval time is
+                t_last, t_said = t_last + saving, t_said + saving
         if logged or evaluated or preempted or stop:
             recorder.progress(done)
         if preempted:

@@ -45,9 +45,24 @@ def _set_rng_state(state: dict) -> None:
 
 
 def save(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> Path:
-    """Write ``folder/last.pt`` atomically; the one it replaces is kept as ``prev.pt``."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Write ``folder/last.pt`` atomically; the one it replaces is kept as ``prev.pt``.
+
+    A folder deleted before the save (a clean-up, a user's ``rm -rf checkpoints``) is made again; one deleted
+    while the save writes into it (its files and renames then fail: FileNotFoundError) is made again and the
+    save done once more: a run's training is not lost to a missing folder, only its older checkpoints are.
+    """
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "rng": _rng_state()}
+    try:
+        return _write(folder, state)
+    except FileNotFoundError:
+        say(f"attnres: checkpoint folder {folder} was deleted during the save at step {step}; writing it again",
+            err=True)
+        return _write(folder, state)
+
+
+def _write(folder: Path, state: dict) -> Path:
+    """One try of :func:`save`: ``state`` to a temporary file, renamed over ``last.pt``, the old one kept."""
+    folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f"{LAST}.tmp"
     with tmp.open("wb") as fh:
         torch.save(state, fh)

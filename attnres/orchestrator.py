@@ -22,7 +22,8 @@ from attnres.tracking import launches, mirror_marks, spool, states, store
 from attnres.variants import check_revision
 
 #: what reopening a run clears: the end and the message of its last attempt
-_REOPENED = {"ended_at": None, "exit_code": None, "message": None, "stop_step": None, "agent_pid": None}
+_REOPENED = {"ended_at": None, "exit_code": None, "message": None, "stop_step": None, "agent_pid": None,
+             "queue_host": None, "queue_pid": None, "queue_since": None}
 
 
 def _reopen(engine: Engine, run_id: int, stage: Stage, **fields: object) -> states.Outcome:
@@ -208,6 +209,7 @@ def _set_aside(folder: Path) -> None:
 def resume(engine: Engine, db_url: str, run_ids: Sequence[int], *, detach: bool = False, restart: bool = False,
            on_tick: Callable[[], None] | None = None) -> Submitted:
     """Continue interrupted runs from their last checkpoint (or from step 0: ``restart``), on this machine."""
+    backends.reconcile(engine)  # the first command after a crash: runs whose processes died are ended first
     nproc, lines = reopen(engine, run_ids, restart)
     for line in lines:
         say(line)  # before the queue starts (a foreground queue returns when the runs end)
@@ -216,7 +218,8 @@ def resume(engine: Engine, db_url: str, run_ids: Sequence[int], *, detach: bool 
 
 
 def kill(engine: Engine, run_ids: Sequence[int] | None) -> list[int]:
-    """Stop the given runs (None: every queued or running run) now; returns those stopped."""
+    """Stop the given runs (None: every queued or running run) now; returns those stopped. (A run whose process
+    already died, after a crash, is recorded killed too: as resumable as a failed one, and what was asked.)"""
     ids = [r.id for r in store.active_runs(engine)] if run_ids is None else [store.get_run(engine, r).id
                                                                               for r in run_ids]
     return backends.kill(engine, ids)

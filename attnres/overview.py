@@ -1,7 +1,10 @@
-"""What ``attnres status`` shows: a row per run, or a grid of variants (x swept settings) x seeds, from the database."""
+"""What ``attnres status`` shows: a row per run, or a grid of variants (x swept settings) x seeds, from the database;
+and what ``attnres logs`` says of a run whose log is not there."""
 
 from __future__ import annotations
 
+import os
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
@@ -12,8 +15,6 @@ from attnres.tracking import glance, states
 from attnres.variants import superseded
 
 if TYPE_CHECKING:
-    from datetime import datetime
-
     import pandas as pd
 
 
@@ -46,13 +47,43 @@ def status_rows(engine: Engine, experiment: str | None = None, preset: str | Non
             "variant": str(r["variant"]) + (" (old revision)" if superseded(str(r["variant"]), str(r["config_json"]))
                                             else ""),
             **({"settings": cell or "—"} if any(cells) else {}),
-            "status": str(r["status"]) + (f" @{int(r['stop_step'])}" if r["stop_step"] is not None else ""),
+            "status": str(r["status"]) + (f" @{int(r['stop_step'])}" if r["stop_step"] is not None else "")
+            + silent(r["status"], r["heartbeat_at"]),
             "seed": r["seed"], "step": f"{r['step']}/{r['total_steps']}",
             "train loss": _fmt(m.get("train_loss"), ".3f"), "eval loss": _fmt(m.get("eval_loss"), ".3f"),
             "tok/s": _fmt(m.get("tokens_per_s"), ",.0f"),
             "memory MiB": _fmt(None if memory is None else memory / 2**20, ",.0f"),
         })
     return rows, total
+
+
+def silent(status: object, heartbeat_at: object, now: datetime | None = None) -> str:
+    """`` (no heartbeat for 2m10s)`` for a running run not heard from for longer than a live one can be silent
+    (``$ATTNRES_STALE_AFTER_S``, default :data:`attnres.backends.HEARTBEAT_SILENCE_S`), '' otherwise.
+
+    A run on this host stays running while its process lives, however old its heartbeat (a locked database
+    stops heartbeats, not training), and a run elsewhere until the monitor judges it: its status alone would hide
+    that nothing was heard from it for minutes. ``heartbeat_at`` is a datetime, or the text SQLite gives back.
+    """
+    if status != states.RUNNING or heartbeat_at is None:
+        return ""
+    from attnres.backends import HEARTBEAT_SILENCE_S  # (imported already: a running run made status reconcile)
+
+    try:
+        beat = heartbeat_at if isinstance(heartbeat_at, datetime) else datetime.fromisoformat(str(heartbeat_at))
+        limit = float(os.environ.get("ATTNRES_STALE_AFTER_S", HEARTBEAT_SILENCE_S))
+    except ValueError:
+        return ""
+    age = ((now or datetime.now(UTC).replace(tzinfo=None)) - beat.replace(tzinfo=None)).total_seconds()
+    return f" (no heartbeat for {duration(age)})" if age > limit else ""
+
+
+def missing_log(run_id: int, log_path: str | None, started: bool) -> str:
+    """What ``attnres logs`` says when a run's log file is not there: gone, when the run has a log and its
+    process started (it wrote there: someone deleted it), else not written yet."""
+    if log_path and started:
+        return f"run {run_id}'s log {log_path} is gone (deleted?)"
+    return f"run {run_id} has no log yet"
 
 
 def reconcile(engine: Engine) -> None:
@@ -115,3 +146,13 @@ def slot_waits(rows: list[dict[str, object]]) -> list[str]:
     if not held:
         return ["queued runs start as soon as their queue takes a free run slot (none is held now)"]
     return [f"queued runs wait for a run slot; held: {h.text()}" for h in held]
+
+
+def resume_note(rows: list[dict[str, object]]) -> list[str]:
+    """The one command that continues the preempted runs among ``rows`` (stopped with a checkpoint, or never
+    started because their queue died): a preempted run waits for nobody."""
+    ids = [str(r["run"]) for r in rows if str(r["status"]).split()[0] == states.PREEMPTED]
+    if not ids:
+        return []
+    return [f"preempted (stopped with a checkpoint, or never started because their queue is gone): runs "
+            f"{', '.join(ids)}; `attnres resume {' '.join(ids)}` continues them"]

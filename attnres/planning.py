@@ -31,6 +31,20 @@ from attnres.tracking import states, store
 from attnres.variants import canonical, resolve_run
 
 EXPERIMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# A seed every part of a run takes: torch.manual_seed and numpy's generators (the loader's) take 0 to 2**32 - 1,
+# the runs table's seed column (INTEGER: 32-bit signed in PostgreSQL) 2**31 - 1 at most.
+SEED_MAX = 2**31 - 1
+
+
+def check_seeds(seeds: list[int], name: str = "seed") -> list[int]:
+    """``seeds`` if each is a whole number from 0 to :data:`SEED_MAX`, else one line naming the first that is
+    not (``name``: how the message calls it, e.g. ``--seeds``): a negative seed would fail inside the trainer
+    (numpy refuses it), a huge one when the run is recorded, after other runs of the grid were."""
+    for seed in seeds:
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+            raise AttnresError(f"bad {name} '{seed}': a seed is a whole number from 0 to {SEED_MAX}, "
+                               "e.g. --seeds 42 1337")
+    return list(seeds)
 
 
 @dataclass(frozen=True)
@@ -69,7 +83,7 @@ def request(variants: list[str], seeds: list[int] | None, preset: str = "tiny", 
     """
     if not variants:
         raise AttnresError("name at least one variant (see `attnres variants`)")
-    seeds = list(seeds or [42])
+    seeds = check_seeds(list(seeds or [42]))
     if len(set(seeds)) != len(seeds):
         raise AttnresError(f"seed list repeats a seed: {' '.join(map(str, seeds))}")
     names = [canonical(v) for v in variants]
@@ -159,6 +173,21 @@ def on_end_warning(command: str | None) -> str | None:
     inner = f'sh -c "{command}"' if not set(command) & set("\"'\\`") else shlex.join(["sh", "-c", command])
     return (f"--on-end runs its command without a shell, so {' '.join(found)} reach {words[0]} as plain "
             f"words; for shell syntax start a shell: --on-end {shlex.quote(inner)}")
+
+
+def placement_warning(backend: str, placement: Placement) -> str | None:
+    """What ``--gpus-per-run`` will not do on a machine without GPUs: the local backend then trains each run on
+    CPU (``--nproc`` processes), which a user who asked for GPUs should hear before the runs start, not find out
+    from their speed. None when it is honoured (or not asked: one GPU per run is the default). torch is asked for
+    its GPU count only when a GPU driver is loaded and several GPUs per run are asked for."""
+    if backend != "local" or placement.gpus_per_run <= 1:
+        return None
+    from attnres.backends.local import gpu_driver_loaded, visible_gpus
+
+    if gpu_driver_loaded() and visible_gpus():
+        return None  # (fewer GPUs than asked for: the queue refuses that itself)
+    return (f"--gpus-per-run {placement.gpus_per_run}: this machine has no GPU, so each run trains on CPU "
+            f"with {placement.nproc} process(es) (--nproc)")
 
 
 @dataclass

@@ -21,12 +21,12 @@ import sys
 
 from attnres import paths
 from attnres.config import RunConfig
-from attnres.logline import exit_now
+from attnres.logline import exit_now, say
 from attnres.tracking import launches, store
 from attnres.tracking.db import get_engine
 from attnres.training import distributed
 from attnres.training.loop import NullRecorder, header_prefix, speed_conditions, train
-from attnres.training.recorder import open_recorder
+from attnres.training.recorder import NotStarted, open_recorder
 from attnres.variants import check_revision, resolve_run
 
 
@@ -78,8 +78,23 @@ def main(argv: list[str] | None = None) -> int:
             box = [run_id]
             dist.broadcast_object_list(box)
             run_id = box[0]
-    recorder = open_recorder(engine, run_id, d.world, d.describe(), speed_conditions(cfg.train, d)) \
-        if d.is_rank0 else NullRecorder()
+    recorder, not_started = NullRecorder(), None
+    if d.is_rank0:
+        try:
+            recorder = open_recorder(engine, run_id, d.world, d.describe(), speed_conditions(cfg.train, d))
+        except NotStarted as exc:
+            not_started = exc
+    stop = not_started is not None
+    if d.world > 1:
+        stop = distributed.agree([stop], d)[0]  # (rank 0 alone knows; every rank must leave, none wait for it)
+    if stop:
+        # killed while its queue started the trainer: every rank leaves, with one line and no failure (a non-zero
+        # exit would read, to torchrun and the queue, as a crash of a run that simply was not to be trained)
+        if not_started is not None:
+            say(f"attnres: {not_started}")
+        distributed.teardown(d)
+        engine.dispose()
+        return 0
     try:
         check_revision(cfg, run_id)  # a run recorded by older code is not continued by this one
         ending = train(cfg, d, recorder, paths.checkpoints_dir(run_id), fresh=args.fresh, run_id=run_id,

@@ -23,14 +23,25 @@ One row per metric point, long format:
 
 Depth-attention maps travel as keys ``depth:SITE:SOURCE`` (see attnres.tracking.depth_maps).
 
-Importing the same file twice records every point once: a run is identified by its label,
-variant and seed, and metric rows are unique per (run, key, step).
+A run is identified by its label, variant and seed and by every column that scopes a report:
+experiment, preset and (where the file gives it) total_steps. Rows that differ in one of them are
+different runs, never merged: expA's and expB's ``standard-s42`` stay two runs. A row without a
+scope value takes its run's (same label, variant and seed) where its other rows give one value.
+Experiment and preset are names, checked as ``attnres launch --experiment`` checks them; device and
+message are free text, stored as given and escaped where shown.
+
+Importing the same file twice records every point once: a point (run, key, step) already stored
+with the same value is counted, not written again; one stored with another value, or given two
+values in one file, refuses the file (one line naming the row), as does a column named twice. A
+file is recorded in one transaction (attnres.tracking.imports): an import stopped halfway leaves
+nothing, never a finished run without its rows.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -39,10 +50,14 @@ from sqlalchemy import Engine
 
 from attnres import outputs
 from attnres.errors import AttnresError
-from attnres.tracking import depth_maps, launches, states, store
+from attnres.planning import EXPERIMENT_NAME
+from attnres.tracking import depth_maps, imports, states, store
 from attnres.variants import canonical
 
 REQUIRED = ["variant", "seed", "step", "key", "value"]
+SCOPE = ["preset", "experiment", "total_steps"]  # the columns that scope a report, part of a run's identity
+IDENTITY = ["run", "variant", "seed", *SCOPE]  # one run of a file; with key and step, one point
+DEFAULT_PRESET = "imported"
 IMPORTED = "imported"  # the backend of a run recorded elsewhere: no process here to watch or stop
 INT_MAX = 2**31 - 1  # INTEGER in PostgreSQL
 
@@ -69,7 +84,8 @@ def export(engine: Engine, out: Path, fmt: str = "csv", experiment: str | None =
     metrics = metrics[["run", "variant", "seed", "step", "key", "value", *cols[2:], "conditions"]]
     paths = [out / f"runs.{fmt}", out / f"metrics.{fmt}"]
     for frame, path in zip([runs, metrics], paths, strict=True):
-        frame.to_csv(path, index=False) if fmt == "csv" else frame.to_parquet(path, index=False)
+        with outputs.atomic(path) as tmp:  # whole or not at all: a reader polling the file never sees half of it
+            frame.to_csv(tmp, index=False) if fmt == "csv" else frame.to_parquet(tmp, index=False)
     return paths
 
 
@@ -78,14 +94,39 @@ def _read(path: Path) -> pd.DataFrame:
         raise AttnresError(f"no such file: {path}")
     try:
         if path.suffix == ".csv":
-            return pd.read_csv(path)
-        if path.suffix in {".jsonl", ".json"}:
-            return pd.read_json(path, lines=True)
-        if path.suffix == ".parquet":
-            return pd.read_parquet(path)
+            df = pd.read_csv(path)
+            header = pd.read_csv(path, header=None, nrows=1, dtype=str).iloc[0].dropna().tolist()
+        elif path.suffix in {".jsonl", ".json"}:
+            df = pd.read_json(path, lines=True)
+            header = _json_keys(path)
+        elif path.suffix == ".parquet":
+            df = pd.read_parquet(path)
+            header = [str(c) for c in df.columns]
+        else:
+            raise AttnresError(f"unsupported file '{path}': expected .csv, .jsonl or .parquet")
     except (ValueError, OSError) as exc:
         raise AttnresError(f"cannot read {path}: {str(exc).splitlines()[0]}") from None
-    raise AttnresError(f"unsupported file '{path}': expected .csv, .jsonl or .parquet")
+    twice = sorted({c for c in header if header.count(c) > 1})
+    if twice:  # (pandas would keep both as `value` and `value.1`, and the first would be taken unsaid)
+        raise AttnresError(f"{path}: column {', '.join(map(repr, twice))} is named twice in the header: "
+                           "which one holds the data is not known")
+    return df
+
+
+def _json_keys(path: Path) -> list[str]:
+    """Every key of the file's objects, a key given twice in one object listed twice (JSON keeps the last)."""
+    keys: list[str] = []
+
+    def pairs(items: list[tuple[str, object]]) -> dict[str, object]:
+        names = [k for k, _ in items]
+        keys.extend(k for k in names if names.count(k) > 1)
+        return dict(items)
+
+    with path.open() as fh:
+        for line in fh:
+            if line.strip():
+                json.loads(line, object_pairs_hook=pairs)
+    return keys
 
 
 def read_import(path: Path) -> pd.DataFrame:
@@ -111,13 +152,15 @@ def read_import(path: Path) -> pd.DataFrame:
     if len(bad):
         raise AttnresError(f"{path}: row {bad[0] + 1}: key '{keys.iloc[bad[0]]}' is not a depth-map key "
                            "(depth:SITE:SOURCE, SOURCE up to 32 letters, digits or spaces)")
+    df["key"] = [_depth_key(k) if k.startswith(depth_maps.PREFIX) else k for k in keys]  # depth:01:x is depth:1:x
     df["variant"] = [canonical(v) for v in df["variant"]]
-    if "run" not in df.columns:
-        df["run"] = df["variant"] + "-s" + df["seed"].astype(str)
+    label = df["variant"] + "-s" + df["seed"].astype(str)  # a row with no run label is its variant's and seed's
+    df["run"] = label if "run" not in df.columns else [d if pd.isna(v) else str(v) for v, d in zip(df["run"], label,
+                                                                                                   strict=True)]
     df["status"] = df["status"].fillna(states.FINISHED) if "status" in df.columns else states.FINISHED
     bad = set(df["status"]) - set(states.STATES)
     if bad:
-        raise AttnresError(f"{path}: unknown status {', '.join(sorted(bad))}")
+        raise AttnresError(f"{path}: unknown status {', '.join(sorted(map(str, bad)))}")
     if "total_steps" in df.columns:
         numbers = pd.to_numeric(df["total_steps"], errors="coerce")
         bad = df.index[numbers.notna() & ((numbers % 1 != 0) | (numbers < 1) | (numbers > INT_MAX))]
@@ -127,12 +170,61 @@ def read_import(path: Path) -> pd.DataFrame:
         df["total_steps"] = numbers
     for col in ("preset", "experiment", "device", "message", "conditions"):
         if col in df.columns:
-            df[col] = [None if pd.isna(v) else str(v) for v in df[col]]
-    for i, text in enumerate(df["conditions"] if "conditions" in df.columns else []):
+            df[col] = pd.Series([None if pd.isna(v) else str(v) for v in df[col]], index=df.index, dtype=object)
+    for col in ("preset", "experiment"):  # names, as `attnres launch --experiment` takes them
+        for i, name in zip(df.index, df[col] if col in df.columns else [], strict=False):
+            if name is not None and not EXPERIMENT_NAME.fullmatch(name):
+                raise AttnresError(f"{path}: row {i + 1}: {col} {name[:80]!r} is not a name: use 1 to 128 letters, "
+                                   "digits, '.', '_' or '-', starting with a letter or digit")
+    for i, text in zip(df.index, df["conditions"] if "conditions" in df.columns else [], strict=False):
         if text is not None and not _conditions_ok(text):
             raise AttnresError(f"{path}: row {i + 1}: conditions '{text[:80]}' is not a JSON list of objects "
                                "(what `attnres export` writes: device, world_size, threads, compile, dtype)")
+    df = _scoped(path, df)
+    _check_points(path, df)
     return df
+
+
+def _depth_key(key: str) -> str:
+    site, _, source = key[len(depth_maps.PREFIX):].partition(":")
+    return depth_maps.key(int(site), source)
+
+
+def _scoped(path: Path, df: pd.DataFrame) -> pd.DataFrame:
+    """Each row's scope (preset, experiment, total_steps): given, else its run's (label, variant, seed) one where
+    the run's other rows give exactly one, else the default (preset ``imported``, experiment: the preset)."""
+    base = ["run", "variant", "seed"]
+    for col in SCOPE:
+        if col not in df.columns:
+            df[col] = None if col != "total_steps" else np.nan
+            continue
+        given = df.groupby(base, sort=False)[col]
+        missing = df[col].isna()
+        bad = df.index[missing & (given.transform("nunique") > 1)]
+        if len(bad):
+            raise AttnresError(f"{path}: row {bad[0] + 1}: no {col}, and the other rows of run {df['run'][bad[0]]!r} "
+                               f"give several: give this row its {col}")
+        df[col] = df[col].where(~missing, given.transform("first"))
+    df["preset"] = [DEFAULT_PRESET if p is None or p != p else p for p in df["preset"]]
+    df["experiment"] = [p if e is None or e != e else e for e, p in zip(df["experiment"], df["preset"], strict=True)]
+    return df
+
+
+def _check_points(path: Path, df: pd.DataFrame) -> None:
+    """A point (run, key, step) given twice must hold one value: the same value is recorded once, another value
+    is an error naming the row (which of the two is right is not known)."""
+    cols = [*IDENTITY, "key", "step"]
+    again = df.duplicated(cols, keep=False)
+    if not again.any():
+        return
+    seen: dict[tuple, tuple[int, float]] = {}
+    sub = df[again]
+    for i, value, *point in zip(sub.index, sub["value"], *(sub[c] for c in cols), strict=True):
+        first = seen.setdefault(tuple(None if isinstance(x, float) and math.isnan(x) else x for x in point),
+                                (i, value))
+        if first[1] != value:
+            raise AttnresError(f"{path}: row {i + 1}: {point[-2]} at step {point[-1]} of run {point[0]!r} is {value}, "
+                               f"but row {first[0] + 1} gives {first[1]}: a point has one value")
 
 
 def _conditions_ok(text: str) -> bool:
@@ -164,40 +256,56 @@ def _stage_order(value: object) -> tuple[int, float, str]:
 def _budgets(df: pd.DataFrame) -> dict[str, int]:
     """Per preset, the largest last step of the file's finished runs: an unfinished run's likely budget."""
     done = df[df["status"] == states.FINISHED]
-    preset = done["preset"].fillna("imported") if "preset" in done.columns else pd.Series("imported", done.index)
-    return {str(p): int(g.max()) for p, g in done["step"].groupby(preset)}
+    return {str(p): int(g.max()) for p, g in done["step"].groupby(done["preset"])}
+
+
+def _hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _incoming(path: Path, ident: tuple, grp: pd.DataFrame, budgets: dict[str, int]) -> imports.Incoming:
+    """One run of the file as :func:`attnres.tracking.imports.record` takes it."""
+    label, variant, seed, preset, experiment, given = ident
+    given = None if pd.isna(given) else int(given)
+    status, last = str(grp["status"].iloc[-1]), int(grp["step"].max())
+    budget = given if given is not None else last if status == states.FINISHED else max(last, budgets.get(preset, last))
+    when = store.now()
+    columns = dict(
+        variant=variant, seed=int(seed), preset=preset, experiment=experiment, device=_given(grp, "device"),
+        message=_given(grp, "message"), data=f"imported:{path.name}",
+        config_hash=_hash(json.dumps(["import", label, variant, int(seed), experiment, preset, given])),
+        config_json=json.dumps({"variant": variant, "seed": int(seed), "imported": str(label)}),
+        total_steps=budget, step=last, created_at=when, backend=IMPORTED, world_size=1,
+        ended_at=None if status in states.ACTIVE else when, conditions_json=_given(grp, "conditions"),
+        stop_step=last if status not in (*states.ACTIVE, states.FINISHED) else None)
+    rows = list(zip(grp.index + 1, grp["step"].astype(int), grp["key"], grp["value"].astype(float), strict=True))
+    return imports.Incoming(
+        ident=str(columns["config_hash"]), legacy=_hash(f"import:{label}:{variant}:{seed}"), status=status,
+        scope={"experiment": experiment, "preset": preset, "total_steps": given}, columns=columns,
+        stage=_given(grp, "launch"), rows=rows)
 
 
 def import_file(engine: Engine, path: Path, df: pd.DataFrame | None = None) -> dict[str, int]:
-    """Record the runs of a metric file (read by :func:`read_import`); returns runs created and rows given."""
+    """Record the runs of a metric file (read by :func:`read_import`) in one transaction; returns runs created,
+    points written (``rows``: what the database holds now that it did not), points it held already with the
+    same value (``known``) and rows that repeated a point of the file (``repeated``, recorded once)."""
     df = read_import(path) if df is None else df
+    repeated = df.duplicated([*IDENTITY, "key", "step"])
+    df = df[~repeated]
     budgets = _budgets(df)
-    created = 0
-    groups = [(label, variant, seed, grp, hashlib.sha256(f"import:{label}:{variant}:{seed}".encode()).hexdigest()[:12])
-              for (label, variant, seed), grp in df.groupby(["run", "variant", "seed"], sort=True)]
-    known = {ident: store.run_with_hash(engine, ident) for *_, ident in groups}
-    # the file's stages (its launch column; without one, the file is one stage), recorded in the order of
-    # their launch values, so that a later stage stays later (a look is counted per stage, in order)
-    given = {_given(grp, "launch") for *_, grp, ident in groups if known[ident] is None}
-    stages = {g: launches.create(engine, launches.IMPORT) for g in sorted(given, key=_stage_order)}
-    for label, variant, seed, grp, ident in groups:
-        run_id = known[ident]
-        if run_id is None:
-            preset = str(_given(grp, "preset") or "imported")
-            status, last = str(grp["status"].iloc[-1]), int(grp["step"].max())
-            budget = _given(grp, "total_steps")
-            budget = int(budget) if budget is not None else last if status == states.FINISHED else \
-                max(last, budgets.get(preset, last))
-            run_id = states.create(
-                engine, states.IMPORTER, status, variant=variant, seed=int(seed), preset=preset,
-                experiment=str(_given(grp, "experiment") or preset), device=_given(grp, "device"),
-                message=_given(grp, "message"), data=f"imported:{path.name}", config_hash=ident,
-                config_json=json.dumps({"variant": variant, "seed": int(seed), "imported": str(label)}),
-                total_steps=budget, step=last, created_at=store.now(), backend=IMPORTED,
-                ended_at=None if status in states.ACTIVE else store.now(), world_size=1,
-                stop_step=last if status not in (*states.ACTIVE, states.FINISHED) else None,
-                launch_id=stages[_given(grp, "launch")], conditions_json=_given(grp, "conditions"))
-            created += 1
-        store.log_metrics(engine, run_id, list(zip(grp["step"], grp["key"], grp["value"], strict=True)))
-        store.summarize(engine, run_id)
-    return {"runs_created": created, "rows": len(df)}
+    incoming = [_incoming(path, ident, grp, budgets)
+                for ident, grp in df.groupby(IDENTITY, sort=True, dropna=False)]
+    try:
+        got = imports.record(engine, incoming, _stage_order)
+    except imports.Conflict as c:
+        raise AttnresError(f"{path}: row {c.row}: {c.key} at step {c.step} is {c.value}, but the database holds "
+                           f"{c.stored} (run {c.run_id}): nothing was imported") from None
+    return {"runs_created": got.created, "rows": got.stored, "known": got.known, "repeated": int(repeated.sum())}
+
+
+def imported_text(counts: dict[str, int]) -> str:
+    """What an import did in one line: the rows it wrote are the rows the database gained."""
+    held = [f"{counts['known']:,} already recorded"] if counts.get("known") else []
+    held += [f"{counts['repeated']:,} repeated in the file, recorded once"] if counts.get("repeated") else []
+    return (f"imported {counts['rows']:,} metric rows; {counts['runs_created']} new run(s)"
+            + (f" ({'; '.join(held)})" if held else ""))

@@ -39,7 +39,8 @@ def parse_seeds(values: list[str] | None) -> list[int] | None:
     """``--seeds`` values as seeds, one per value (``--seeds 42 1337``).
 
     A comma list (``--seeds 1,2``) is how many tools take several values; it is answered with the spelling
-    that works here, in one line, rather than click's "not a valid integer"."""
+    that works here, in one line, rather than click's "not a valid integer". A seed out of range (negative, or
+    beyond what the database holds) is refused here too, at parse time, before anything is recorded."""
     if values is None:
         return None
     seeds = []
@@ -51,9 +52,34 @@ def parse_seeds(values: list[str] | None) -> list[int] | None:
             if "," in value and all(re.fullmatch(r"-?\d+", p) for p in parts):
                 raise AttnresError(f"--seeds takes seeds separated by spaces: --seeds {' '.join(parts)}") from None
             raise AttnresError(f"bad --seeds '{value}': a seed is a whole number, e.g. --seeds 42 1337") from None
-    return seeds
+    from attnres.planning import check_seeds  # (here, not at the top: only `launch` takes seeds, and imports it)
+
+    return check_seeds(seeds, "--seeds")
 
 
 # The values reach parse_seeds as given (parser=str), so a comma list is answered as a whole, not value by value.
 SeedsOpt = Annotated[list[int] | None, typer.Option("--seeds", parser=str, callback=parse_seeds, metavar="SEED",
                                                     help="seeds, separated by spaces: --seeds 42 1337")]
+
+
+MULTI_VALUE = {"--seeds"}
+
+
+def expand_multi(argv: list[str]) -> list[str]:
+    """Let list options take several values (``--seeds 42 1337``), as click wants ``--seeds 42 --seeds 1337``."""
+    out: list[str] = []
+    current = None
+    for arg in argv:
+        if arg in MULTI_VALUE:
+            current = arg
+            continue
+        if current and (not arg.startswith("-") or arg[1:].isdigit()):  # (-1: a value, refused as a seed)
+            out += [current, arg]
+            continue
+        if current and out[-2:-1] != [current]:
+            out.append(current)  # a bare flag: let click report the missing value
+        current = None
+        out.append(arg)
+    if current and out[-2:-1] != [current]:
+        out.append(current)
+    return out

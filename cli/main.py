@@ -11,13 +11,27 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich import box
 from rich.table import Table
+from rich.text import Text
 from sqlalchemy.exc import SQLAlchemyError
 
 from attnres import outputs
 from attnres.errors import AttnresError
-from cli.app import BudgetOpt, CellOpt, DataOpt, DbOpt, ExperimentOpt, PresetOpt, SeedsOpt, TunedOpt, app, console, err
+from cli.app import (
+    BudgetOpt,
+    CellOpt,
+    DataOpt,
+    DbOpt,
+    ExperimentOpt,
+    PresetOpt,
+    SeedsOpt,
+    TunedOpt,
+    app,
+    console,
+    err,
+    expand_multi,
+)
 from cli.bars import RunBars
-from cli.render import show_cell, submit
+from cli.render import print_frame, show_cell, submit
 
 if TYPE_CHECKING:
     from attnres.backends import Submitted
@@ -89,10 +103,13 @@ def launch(
                           key_values(backend_opt or [], "--backend-opt"))
     req = planning.request(variant, seeds, preset, steps, set_, data, backend, placement, kill_if_worse_than,
                            by, at_step, force, experiment, mirror, on_end)
-    if warning := planning.on_end_warning(on_end):
-        err.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
+    for warning in (planning.on_end_warning(on_end), planning.placement_warning(req.backend, req.placement)):
+        if warning:
+            err.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
     url = normalize_url(db)
     engine = None if dry_run else get_engine(db)
+    if engine is not None:
+        orchestrator.reconcile(engine)  # after a crash: its dead runs end (and continue below) before planning
     cells = planning.plan(engine, req)
     for c in cells:
         show_cell(c)
@@ -161,6 +178,7 @@ def logs(
     """Show a run's log (stdout and stderr of its torchrun job)."""
     import time
 
+    from attnres.overview import missing_log
     from attnres.tracking import store
     from attnres.tracking.db import get_engine
     from attnres.tracking.states import ACTIVE
@@ -169,7 +187,7 @@ def logs(
     r = store.get_run(engine, run)
     path = Path(r.log_path) if r.log_path else None
     if path is None or not path.exists():
-        raise AttnresError(f"run {run} has no log yet")
+        raise AttnresError(missing_log(run, r.log_path, r.started_at is not None or r.exit_code is not None))
     with path.open(errors="replace") as fh:
         for line in fh.readlines()[-lines:]:
             console.print(line.rstrip("\n"), markup=False, highlight=False)
@@ -194,7 +212,8 @@ def status(
     db: DbOpt = None,
 ) -> None:
     """Live state of the runs: active ones and the most recent (runs whose process died are marked failed first)."""
-    from attnres.overview import RECENT, grid_rows, reconcile, slot_waits, status_rows
+
+    from attnres.overview import RECENT, grid_rows, reconcile, resume_note, slot_waits, status_rows
     from attnres.tracking import states
     from attnres.tracking.db import exists, get_engine
 
@@ -235,7 +254,7 @@ def status(
             for col in header:
                 table.add_column(col)
             for row in rows:
-                table.add_row(*row)
+                table.add_row(*map(Text, row))  # data, never markup
             return table
 
         try:
@@ -257,15 +276,15 @@ def status(
         table.add_column(col, justify="left" if left else "right", no_wrap=left)
     colors = {states.FINISHED: "green", states.RUNNING: "cyan", states.QUEUED: "white", states.PREEMPTED: "yellow"}
     at = list(rows[0]).index("status")
-    for row in rows:
-        cells = [str(v) for v in row.values()]
-        cells[at] = f"[{colors.get(row['status'].split()[0], 'red')}]{cells[at]}[/]"
+    for row in rows:  # cells as Text: an experiment named `x[/bold]y` is shown as it is, never read as markup
+        cells = [Text(str(v)) for v in row.values()]
+        cells[at].stylize(colors.get(str(row["status"]).split()[0], "red"))
         table.add_row(*cells)
     if len(rows) < total:
         table.caption = (f"{len(rows)} of {total} runs: the active ones and the {RECENT} most recent "
                          "(--all for every run)")
     console.print(table)
-    for line in slot_waits(rows):
+    for line in [*slot_waits(rows), *resume_note(rows)]:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
@@ -327,64 +346,29 @@ def compare(
 
     pick = parse_pick(set_ or [])
     if out:
-        outputs.check(out)
+        outputs.check(out, example="comparison.md")
     result = run_compare(get_engine(db, create=False), variant, step, plot, experiment, preset, budget, data, pick,
                          tuned)
-    console.print(f"{result.scope.label()}")
+    console.print(result.scope.label(), markup=False, highlight=False)
     for other in result.also:
         console.print(f"also holding these variants: {other.label()} ({other.flags()})", highlight=False,
-                      soft_wrap=True)
+                      soft_wrap=True, markup=False)
     if result.tuning is not None:
-        _print_frame(result.tuning, f"Tuning of {tuned}: each variant at its best value")
-    _print_frame(result.aligned, "Eval loss at common steps (seed mean)", ".4f")
-    _print_frame(compare_tables.summary(result.stats), f"Statistics over seeds at step {result.step} vs "
+        print_frame(result.tuning, f"Tuning of {tuned}: each variant at its best value")
+    print_frame(result.aligned, "Eval loss at common steps (seed mean)", ".4f")
+    print_frame(compare_tables.summary(result.stats), f"Statistics over seeds at step {result.step} vs "
                                                         f"{result.variants[0]}")
     console.print(compare_tables.STATS_NOTE, highlight=False)
     if len(result.stats) > 1:
-        _print_frame(compare_tables.both_tests(result.stats), "Welch's and the paired test")
+        print_frame(compare_tables.both_tests(result.stats), "Welch's and the paired test")
     if len(result.config):
-        _print_frame(result.config, "Config differences")
-    _print_frame(result.cost, "Throughput and memory", ",.1f")
+        print_frame(result.config, "Config differences")
+    print_frame(result.cost, "Throughput and memory", ",.1f")
     if out:
-        outputs.prepare(out).write_text(result.markdown())
+        outputs.write_text(out, result.markdown())
         console.print(f"wrote {out}")
     if plot:
         console.print(f"wrote {plot}")
-
-
-def _print_frame(df: object, title: str, floatfmt: str = "") -> None:
-    import pandas as pd
-
-    assert isinstance(df, pd.DataFrame)
-    table = Table(title=title)
-    for col in df.columns:
-        table.add_column(str(col), justify="right" if pd.api.types.is_numeric_dtype(df[col]) else "left")
-    for row in df.itertuples(index=False):
-        table.add_row(*[format(v, floatfmt) if floatfmt and isinstance(v, float) else str(v) for v in row])
-    console.print(table)
-
-
-MULTI_VALUE = {"--seeds"}
-
-
-def expand_multi(argv: list[str]) -> list[str]:
-    """Let list options take several values (``--seeds 42 1337``), as click wants ``--seeds 42 --seeds 1337``."""
-    out: list[str] = []
-    current = None
-    for arg in argv:
-        if arg in MULTI_VALUE:
-            current = arg
-            continue
-        if current and not arg.startswith("-"):
-            out += [current, arg]
-            continue
-        if current and out[-2:-1] != [current]:
-            out.append(current)  # a bare flag: let click report the missing value
-        current = None
-        out.append(arg)
-    if current and out[-2:-1] != [current]:
-        out.append(current)
-    return out
 
 
 def main() -> None:

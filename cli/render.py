@@ -6,6 +6,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import typer
+from rich.table import Table
+from rich.text import Text
 
 from cli.app import console, err
 from cli.bars import RunBars
@@ -44,16 +46,18 @@ def stopped(stop: Exception) -> None:
 
 def show_submitted(engine: object, done: Submitted) -> None:
     """Print what a submission did; exit 1 when a run it waited for did not finish."""
+    from rich.text import Text
+
     from attnres import paths
     from attnres.tracking import states, store
 
-    for line in done.lines:
-        console.print(line)
+    for line in done.lines:  # (they name paths, jobs and hosts: data, never markup)
+        console.print(line, markup=False, highlight=False)
     results = done.results or {}
     for run_id, status in results.items():
         color = "green" if status == states.FINISHED else "red"
         log = store.get_run(engine, run_id).log_path or paths.run_log(run_id)
-        console.print(f"run {run_id}: [{color}]{status}[/] (log: {log})")
+        console.print(Text(f"run {run_id}: ").append(status, color).append(f" (log: {log})"))
     if any(s != states.FINISHED for s in results.values()):
         raise typer.Exit(1)
 
@@ -72,3 +76,16 @@ def submit(engine: object, start: Callable[[RunBars], Submitted]) -> None:
     finally:
         bars.close()
     show_submitted(engine, done)
+
+
+def print_frame(df: object, title: str, floatfmt: str = "") -> None:
+    """A DataFrame as a rich table; its cells are data, never markup."""
+    import pandas as pd
+
+    assert isinstance(df, pd.DataFrame)
+    table = Table(title=title)
+    for col in df.columns:
+        table.add_column(str(col), justify="right" if pd.api.types.is_numeric_dtype(df[col]) else "left")
+    for row in df.itertuples(index=False):
+        table.add_row(*[Text(format(v, floatfmt) if floatfmt and isinstance(v, float) else str(v)) for v in row])
+    console.print(table)

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from attnres.errors import AttnresError
 from cli.app import DbOpt, ExperimentOpt, PresetOpt, app, console, data_app, db_app, err
@@ -26,7 +27,7 @@ def export_cmd(
     from attnres.transfer import export
 
     for path in export(get_engine(db, create=False), out, fmt, experiment, preset):
-        console.print(f"wrote {path}")
+        console.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command("import")
@@ -36,11 +37,11 @@ def import_cmd(
 ) -> None:
     """Import runs recorded elsewhere (format: see attnres/transfer.py or README) into the database."""
     from attnres.tracking.db import get_engine
-    from attnres.transfer import import_file, read_import
+    from attnres.transfer import import_file, imported_text, read_import
 
     frame = read_import(file)  # checked before the database is opened: bad input changes nothing
     counts = import_file(get_engine(db), file, frame)
-    console.print(f"imported {counts['rows']:,} metric rows; {counts['runs_created']} new run(s)")
+    console.print(imported_text(counts), markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -114,7 +115,7 @@ def bench(
         table.add_column("measure")
         table.add_column("value", justify="right")
         for k, v in result.items():
-            table.add_row(k, f"{v:,.3f}" if isinstance(v, float) else f"{v:,}")
+            table.add_row(Text(k), f"{v:,.3f}" if isinstance(v, float) else f"{v:,}")
         console.print(table)
         return
     from attnres.bench.variants import TARGETS, bench_models, store_session
@@ -141,9 +142,8 @@ def bench(
 
 def _bench_table(rows: list[dict[str, object]], preset: str, steps: int) -> None:
     r0 = rows[0]
-    table = Table(title=f"attnres bench at {preset}: {r0['device']}, {r0['tokens_per_step']:,} tokens/step, "
-                        f"median of {steps} paired steps, "
-                        f"depth attention: {r0['depth_kernel']}")
+    table = Table(title=Text(f"attnres bench at {preset}: {r0['device']}, {r0['tokens_per_step']:,} tokens/step, "
+                             f"median of {steps} paired steps, depth attention: {r0['depth_kernel']}"))
     for col in ["variant", "shape", "tokens/s", "vs standard", "IQR", "peak step memory", "saved B/token",
                 "vs standard ", "meets"]:
         table.add_column(col, justify="left" if col == "variant" else "right", no_wrap=True)
@@ -153,8 +153,8 @@ def _bench_table(rows: list[dict[str, object]], preset: str, steps: int) -> None
         speed = f"{r['speed_ratio']:.3f}" + (f" (≥{r['speed_target']})" if r["speed_target"] else "")
         saved = f"{r['saved_ratio']:.3f}" + (f" (≤{r['saved_target']})" if r["saved_target"] else "")
         meets = {None: "", True: "yes", False: "NO"}[r["meets_targets"]]
-        table.add_row(r["variant"], f"{r['n_layer']}L d{r['d_model']}", f"{r['tokens_per_s']:,.0f}", speed, spread,
-                      peak, f"{r['saved_bytes_per_token']:,.0f}", saved, meets)
+        table.add_row(Text(str(r["variant"])), f"{r['n_layer']}L d{r['d_model']}", f"{r['tokens_per_s']:,.0f}", speed,
+                      spread, peak, f"{r['saved_bytes_per_token']:,.0f}", saved, meets)
     console.print(table)
 
 
@@ -170,8 +170,8 @@ def inspect(
     from reports.build import inspect as draw
 
     at, summary = draw(get_engine(db, create=False), run, out, step)
-    console.print(f"run {run} at step {at:,}: {summary}")
-    console.print(f"wrote {out}")
+    console.print(f"run {run} at step {at:,}: {summary}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"wrote {out}", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -197,7 +197,7 @@ def sync(
     for path, got in done:
         extra = f", {got['runs']} run(s) recreated" if got["runs"] else ""
         extra += f", {got['skipped']} unreadable line(s) skipped" if got["skipped"] else ""
-        console.print(f"{path}: {got['rows']:,} metric rows{extra}")
+        console.print(f"{path}: {got['rows']:,} metric rows{extra}", markup=False, highlight=False, soft_wrap=True)
     console.print(f"synced {len(done)} spool file(s): {sum(g['rows'] for _, g in done):,} rows")
     if targets:
         _sync_mirrors(engine, targets, run)
@@ -295,7 +295,8 @@ def data_prepare(
                           workers=workers or max(1, os.cpu_count() or 1))
     if summary.skipped:
         console.print(f"{target}: already prepared ({summary.tokens['train']:,} train + "
-                      f"{summary.tokens['eval']:,} eval tokens); nothing to do")
+                      f"{summary.tokens['eval']:,} eval tokens); nothing to do", markup=False, highlight=False)
     else:
         console.print(f"{target}: {summary.documents:,} documents, {summary.tokens['train']:,} train + "
-                      f"{summary.tokens['eval']:,} eval tokens in {summary.seconds:.1f} s")
+                      f"{summary.tokens['eval']:,} eval tokens in {summary.seconds:.1f} s", markup=False,
+                      highlight=False)

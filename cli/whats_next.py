@@ -58,6 +58,7 @@ def next_cmd(
         if cells and not plan.imported:
             console.print(f"`attnres next --launch` starts these {len(cells)} run(s).")
         return
+    orchestrator.reconcile(engine)  # after a crash: its dead runs end (and continue below) before planning
     requests = plan.requests(kinds)
     if not requests:
         console.print("nothing to launch: every comparison is resolved, planned, waiting or beyond --max-seeds")

@@ -39,8 +39,12 @@ from reports.tuning import cells_as_arms, tune, tuning_markdown
 
 
 def _save(fig: Figure, path: Path) -> None:
-    fig.savefig(outputs.prepare(path), dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    """Write ``fig`` to ``path`` whole (:func:`attnres.outputs.atomic`): a viewer reloading it never shows half."""
+    try:
+        with outputs.atomic(path) as tmp:
+            fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    finally:
+        plt.close(fig)
 
 
 def public_url(engine: Engine) -> str:
@@ -161,7 +165,9 @@ def write_report(engine: Engine, out: Path, baseline: str = "standard", step: in
     ``pick`` chooses a cell of a sweep (``--set lr=1e-3``); ``tuned`` compares each variant at its best
     value of a swept setting (``--tuned lr``).
     """
-    outputs.check(out)
+    outputs.check(out, example="attnres-results.md")
+    if plots:
+        outputs.check(figures_folder(out), folder=True)
     runs, scope, others = _scoped(engine, experiment, preset, budget, baseline, data, pick, tuned)
     notes = []
     if tuned is not None and baseline not in set(runs["variant"]) and runs["variant"].nunique() == 1:
@@ -187,7 +193,7 @@ def write_report(engine: Engine, out: Path, baseline: str = "standard", step: in
         text = assemble(before, inp.figures, after)
     except ReportError as exc:
         raise AttnresError(f"cannot build the report: {exc}") from None
-    outputs.prepare(out).write_text(text)
+    outputs.write_text(out, text)
     return text
 
 
@@ -311,7 +317,7 @@ def compare(engine: Engine, variants: list[str], step: int | None = None, plot: 
                            "not both")
     names = list(dict.fromkeys(v for v, _ in arms))
     if plot is not None:
-        outputs.check(plot)
+        outputs.check(plot, option="--plot", example="delta.png")
     all_runs = run_table(engine)
     mine = all_runs[all_runs["variant"].isin(names)]
     if mine.empty:
@@ -356,10 +362,10 @@ def inspect(engine: Engine, run_id: int, out: Path, step: int | None = None) -> 
     """Draw one run's depth-attention map (at ``step``, default its last) to ``out``; returns (step, summary)."""
     from reports.depthmaps import matrix, summary
 
+    outputs.check(out, example="depth_map.png")
     runs = run_table(engine)
     if run_id not in set(runs["id"]):
         raise AttnresError(f"no run with id {run_id}")
-    outputs.check(out)
     have = depth_maps.steps(engine, run_id)
     run = runs[runs["id"] == run_id].iloc[0]
     if not have:

@@ -11,6 +11,7 @@ from statsmodels.stats.multitest import multipletests
 
 from attnres.config import flatten
 from reports import costs
+from reports.escape import cell_text, markdown_table
 from reports.stats import (
     ALPHA,
     PAIRED,
@@ -170,17 +171,17 @@ def both_tests(stats_: pd.DataFrame) -> pd.DataFrame:
 
 def compare_markdown(aligned: pd.DataFrame, stats_: pd.DataFrame, diff: pd.DataFrame, costs: pd.DataFrame,
                      step: int, scope: object = None) -> str:
-    """All comparison tables as one markdown document."""
+    """All comparison tables as one markdown document (the data in them escaped: :mod:`reports.escape`)."""
     return "\n".join([
-        f"# Comparison: {' vs '.join(stats_['variant'])}\n",
-        *([f"Scope: {scope.label()}.\n"] if scope is not None else []),
-        "## Eval loss at common steps (seed mean)\n", aligned.to_markdown(index=False, floatfmt=".4f"), "",
+        f"# Comparison: {cell_text(' vs '.join(stats_['variant']))}\n",
+        *([f"Scope: {cell_text(scope.label())}.\n"] if scope is not None else []),
+        "## Eval loss at common steps (seed mean)\n", markdown_table(aligned, floatfmt=".4f"), "",
         f"## Statistics over seeds at step {step}\n", STATS_NOTE + "\n",
-        summary(stats_).to_markdown(index=False, disable_numparse=True), "",
-        "### Both tests\n", both_tests(stats_).to_markdown(index=False, disable_numparse=True), "",
-        "### Every figure\n", stats_.to_markdown(index=False, floatfmt=".4f"), "",
-        "## Config differences\n", diff.to_markdown(index=False) if len(diff) else "_(none besides the variant)_", "",
-        "## Throughput and memory\n", costs.to_markdown(index=False, floatfmt=".1f"), "",
+        markdown_table(summary(stats_), disable_numparse=True), "",
+        "### Both tests\n", markdown_table(both_tests(stats_), disable_numparse=True), "",
+        "### Every figure\n", markdown_table(stats_, floatfmt=".4f"), "",
+        "## Config differences\n", markdown_table(diff) if len(diff) else "_(none besides the variant)_", "",
+        "## Throughput and memory\n", markdown_table(costs, floatfmt=".1f"), "",
     ])
 
 

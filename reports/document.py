@@ -16,6 +16,7 @@ from attnres.tracking.states import ACTIVE, EARLY, FINISHED
 from reports import depthmaps, evidence, findings
 from reports import plan as whats_next
 from reports.analysis import Analysis, analyse
+from reports.escape import cell_text, markdown_table
 from reports.evidence import Comparison
 from reports.scope import Choice, Scope
 from reports.stats import MARKS, STARS_RULE, ReportError
@@ -49,7 +50,8 @@ class Inputs:
 
 
 def _md(df: pd.DataFrame) -> str:
-    return df.to_markdown(index=False, disable_numparse=True) if len(df) else "_(none)_"
+    """Every table of the document: its text cells are data (names, devices, causes), escaped here, once."""
+    return markdown_table(df, disable_numparse=True) if len(df) else "_(none)_"
 
 
 def _num(x: float, fmt: str) -> str:
@@ -70,11 +72,11 @@ def run_summary(runs: pd.DataFrame) -> str:
 
 
 def header(inp: Inputs) -> str:
-    p = dict(inp.provenance)
-    lines = [f"Scope: {inp.scope.label()}."]
+    p = dict(inp.provenance)  # (names, devices and the URL are data: escaped, as in the tables)
+    lines = [f"Scope: {cell_text(inp.scope.label())}."]
     for key in ("generated", "attnres commit", "trained at commits", "devices", "database"):
         if p.get(key):
-            lines.append(f"{key.capitalize()}: {p[key]}.")
+            lines.append(f"{key.capitalize()}: {cell_text(p[key])}.")
     return "\n".join(f"- {line}" for line in lines) + "\n"
 
 

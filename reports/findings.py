@@ -16,6 +16,7 @@ import pandas as pd
 
 from attnres import traits
 from attnres.tracking.states import EARLY
+from reports.escape import cell_text
 from reports.evidence import (
     BASELINE,
     CONTRAST,
@@ -169,8 +170,8 @@ def _ended(runs: pd.DataFrame) -> Finding | None:
     f = Finding("Runs that ended early")
     for _, r in ended.iterrows():
         f.sentences.append((f"{r['variant']} s{r['seed']} {r['status']} at step {ended_step(r):,} of "
-                            f"{int(r['total_steps']):,} ({cause(r)}); its variant is compared only where it has an "
-                            "eval, and there only as an interim result.", UNTESTABLE))
+                            f"{int(r['total_steps']):,} ({cell_text(cause(r))}); its variant is compared only where "
+                            "it has an eval, and there only as an interim result.", UNTESTABLE))
     return f
 
 

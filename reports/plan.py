@@ -26,6 +26,7 @@ from attnres.config import get_preset
 from attnres.errors import AttnresError
 from attnres.tracking.states import ACTIVE, DIVERGED, FAILED, FINISHED, PREEMPTED, RUNNING
 from attnres.variants import VARIANTS, resolve_run
+from reports.escape import cell_text
 from reports.evidence import BASELINE, CONTRAST, TOP_TWO, Comparison, evidence_text
 from reports.scope import DEFAULT_DATA, Scope
 from reports.stats import shown
@@ -251,7 +252,8 @@ def _retry(runs: pd.DataFrame, scope: Scope, baseline: str, settings: dict[str, 
     usable = _usable(runs)
     for variant, grp in runs[runs["status"].isin([FAILED, DIVERGED])].groupby("variant", sort=True):
         for _, r in grp.iterrows():
-            item.lines.append(f"{variant} s{r['seed']} {r['status']} at step {ended_step(r):,} ({cause(r)}).")
+            why = cell_text(cause(r))
+            item.lines.append(f"{variant} s{r['seed']} {r['status']} at step {ended_step(r):,} ({why}).")
             if r["status"] == FAILED and r["backend"] == "local" and variant in usable:
                 item.commands.append(["attnres", "resume", str(r["id"])])
         if variant in usable or settings.get(variant) is None:

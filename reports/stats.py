@@ -26,9 +26,27 @@ class ReportError(ValueError):
     """The data cannot support the requested report (no runs, no baseline, no common step)."""
 
 
+# The largest eval loss a report computes with. A language model's loss is tens at most (ln of the vocabulary at
+# initialisation); a value beyond this is a unit or import mistake, and it would break the arithmetic: squares
+# and sums of values near 1e308 overflow to inf (an interval of ±inf), and their differences cancel (a mean of
+# 0.000). Below it, the squares of the spread (1e300) and sums of millions of them stay finite.
+LARGEST = 1e150
+
+
 def finite(evals: pd.DataFrame) -> pd.DataFrame:
-    """The evals with a finite value (a diverged run may have logged NaN or inf)."""
-    return evals[np.isfinite(evals["value"].to_numpy(dtype=float))]
+    """The evals with a finite value (a diverged run may have logged NaN or inf).
+
+    Every report's statistics start from here, so a value too large to compute with (:data:`LARGEST`) is
+    refused here, naming its run, rather than averaged into a wrong figure."""
+    values = evals["value"].to_numpy(dtype=float)
+    ok = np.isfinite(values)
+    huge = ok & (np.abs(np.where(ok, values, 0.0)) > LARGEST)
+    if huge.any():
+        at = int(np.argmax(huge))
+        raise ReportError(f"run {int(evals['run_id'].iloc[at])}'s eval loss at step {int(evals['step'].iloc[at])} "
+                          f"is {values[at]:.3g}: eval loss values beyond ±1e150 are too large to average; "
+                          "correct or remove the run's values")
+    return evals[ok]
 
 
 def _last_per_run(evals: pd.DataFrame, keep: str = "last") -> dict[int, tuple[float, int]]:

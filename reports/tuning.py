@@ -16,6 +16,7 @@ import pandas as pd
 
 from attnres import grid
 from attnres.tracking.states import EARLY, FINISHED
+from reports.escape import markdown_table
 from reports.stats import ReportError, finite
 
 
@@ -82,7 +83,7 @@ def tuning_markdown(table: pd.DataFrame, key: str) -> str:
             f"(values whose runs ended early rank last and do not hold that step back). "
             f"Picked: {picked}. The pick and the comparison below use the same eval, so the tuned losses are "
             f"slightly optimistic; the runners-up are listed.\n\n"
-            + table.to_markdown(index=False, disable_numparse=True) + "\n")
+            + markdown_table(table, disable_numparse=True) + "\n")
 
 
 def cells_as_arms(runs: pd.DataFrame, key: str, default: str | None) -> tuple[pd.DataFrame, str, str]:

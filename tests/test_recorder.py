@@ -87,7 +87,7 @@ def test_an_end_after_a_kill_is_not_recorded_and_says_so(engine, capsys):
 def test_a_run_killed_before_its_trainer_starts_is_not_trained(engine):
     run = queued(engine)
     states.transition(engine, run, states.KILLED, states.USER)
-    with pytest.raises(AttnresError, match=f"run {run} is killed: not starting it"):
+    with pytest.raises(AttnresError, match=f"run {run} was killed before its trainer started; nothing to do"):
         RunRecorder(engine, run)
     assert store.status_of(engine, run) == states.KILLED
 

@@ -19,7 +19,7 @@ ALLOWED = (
     | {(states.TRAINER, s, to) for s in (states.QUEUED, states.RUNNING, states.PREEMPTED)
        for to in (states.RUNNING, states.FINISHED, states.DIVERGED, states.STOPPED, states.PREEMPTED, states.FAILED)}
     | {(a, s, states.FAILED) for a in (states.SUPERVISOR, states.MONITOR) for s in (states.QUEUED, states.RUNNING)}
-    | {(states.SUPERVISOR, states.QUEUED, states.PREEMPTED)}
+    | {(a, states.QUEUED, states.PREEMPTED) for a in (states.SUPERVISOR, states.MONITOR)}  # (monitor: queue gone)
     | {(states.USER, s, states.KILLED) for s in (states.QUEUED, states.RUNNING, states.PREEMPTED)}
 )
 

@@ -185,6 +185,7 @@ def run_queue(engine: Engine, db: str | None, run_ids: Sequence[int], nproc: int
     if gpus and per_run > len(gpus):
         raise AttnresError(f"--gpus-per-run {per_run} but this machine has {len(gpus)} GPU(s)")
     slots = Slots(gpus, url)
+    claim(engine, run_ids)
     pending, active, results = deque(run_ids), {}, {}
     waiting = Waiting()
     try:
@@ -219,6 +220,15 @@ def run_queue(engine: Engine, db: str | None, run_ids: Sequence[int], nproc: int
     finally:
         slots.done_waiting()
     return results
+
+
+def claim(engine: Engine, run_ids: Sequence[int]) -> None:
+    """Record this process as the queue of its queued runs (host, pid, start time), so that a monitor can tell
+    when it died with runs still waiting (:meth:`LocalBackend.reconcile`)."""
+    since = datetime.fromtimestamp(psutil.Process().create_time(), UTC).replace(tzinfo=None)
+    for rid in run_ids:
+        store.update_run(engine, rid, where={"status": states.QUEUED}, queue_host=socket.gethostname(),
+                         queue_pid=os.getpid(), queue_since=since)
 
 
 class Waiting:
@@ -364,6 +374,23 @@ class LocalBackend(Backend):
                 why = silence(run)
                 out[run.id] = (GONE, why) if why else (ALIVE, "")
         return out
+
+    def reconcile(self, engine: Engine, runs: Sequence[Run]) -> list[int]:
+        """As every backend's (running runs whose process is gone fail), and: a queued run whose queue died on
+        this host (a SIGKILL, a power cut) is set aside as preempted, which `attnres resume` and a relaunch
+        continue, instead of waiting forever for a queue that will never start it."""
+        dead = super().reconcile(engine, runs)
+        host = socket.gethostname()
+        for run in runs:
+            if (run.status != states.QUEUED or not run.queue_pid or run.queue_host != host
+                    or process_alive(run.queue_pid, since=run.queue_since)):
+                continue
+            seen = {"queue_pid": run.queue_pid, "status": states.QUEUED}
+            if states.transition(engine, run.id, states.PREEMPTED, states.MONITOR, where=seen,
+                                 message=f"not started: its queue (pid {run.queue_pid}) is gone; `attnres resume "
+                                         f"{run.id}` (or the same launch again) starts it"):
+                dead.append(run.id)
+        return dead
 
     def kill(self, run: Run) -> None:
         """SIGTERM first (torchrun passes it to the trainer, which saves a checkpoint at the end of its step,

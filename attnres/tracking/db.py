@@ -143,7 +143,7 @@ def check_location(engine: Engine) -> None:
         _FILES[id(engine)] = now
 
 
-HEAD = "0008"  # the newest Alembic revision under migrations/versions
+HEAD = "0009"  # the newest Alembic revision under migrations/versions
 
 
 def _alembic(conn: Connection) -> AlembicConfig:

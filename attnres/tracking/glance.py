@@ -16,7 +16,7 @@ from sqlalchemy import Engine, bindparam, column, func, select, table
 from attnres.tracking.states import ACTIVE
 
 STATUS_COLUMNS = ["id", "experiment", "preset", "variant", "seed", "status", "step", "total_steps", "stop_step",
-                  "config_json"]
+                  "config_json", "heartbeat_at"]
 RUNS = table("runs", *(column(c) for c in STATUS_COLUMNS))
 METRICS = table("metrics", column("run_id"), column("key_id"), column("step"), column("value"))
 METRIC_KEYS = table("metric_keys", column("id"), column("name"))

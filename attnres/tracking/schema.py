@@ -55,6 +55,10 @@ class Run(Base):
     launch_id: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the launch (stage) that created it
     # what its tokens/s depends on, per distinct set its attempts trained under (attnres.tracking.speed)
     conditions_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # the queue process that will start it, while it is queued (migration 0009): a dead one strands the run
+    queue_host: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    queue_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    queue_since: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
 
     # one active (queued or running: attnres.tracking.states.ACTIVE) run per config, whoever launches it
     __table_args__ = (Index("ux_runs_active_config", "config_hash", unique=True,

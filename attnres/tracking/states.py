@@ -49,7 +49,7 @@ TRANSITIONS: dict[str, dict[str, frozenset[str]]] = {
     LAUNCHER: {QUEUED: frozenset(RESUMABLE)},
     TRAINER: {to: _OPEN for to in (RUNNING, FINISHED, DIVERGED, STOPPED, PREEMPTED, FAILED)},
     SUPERVISOR: {FAILED: frozenset(ACTIVE), PREEMPTED: frozenset({QUEUED})},
-    MONITOR: {FAILED: frozenset(ACTIVE)},
+    MONITOR: {FAILED: frozenset(ACTIVE), PREEMPTED: frozenset({QUEUED})},  # (preempted: its queue is gone)
     USER: {KILLED: _OPEN},
 }
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
 
-from sqlalchemy import Connection, Engine, delete, func, insert, select, update
+from sqlalchemy import Connection, DateTime, Engine, delete, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
@@ -364,7 +364,8 @@ def eval_at_step(engine: Engine, variant: str, experiment: str, step: int, exclu
     return None if value is None else float(value)
 
 
-TIME_FIELDS = ("created_at", "started_at", "ended_at", "heartbeat_at")
+#: a run's time columns (every DateTime column of the table: one added later is parsed too)
+TIME_FIELDS = tuple(c.name for c in Run.__table__.columns if isinstance(c.type, DateTime))
 
 
 def parse_times(fields: dict[str, object]) -> dict[str, object]:

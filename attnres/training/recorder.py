@@ -24,6 +24,16 @@ from attnres.training.loop import Ending
 HEARTBEAT_S = 5.0
 
 
+class NotStarted(AttnresError):
+    """The run ended (a user killed it, most often) between its queue starting the trainer and the trainer
+    marking it running: there is nothing to train, and nothing went wrong."""
+
+    def __init__(self, run_id: int, state: str | None) -> None:
+        self.run_id, self.state = run_id, state
+        how = "killed" if state == states.KILLED else f"already {state}"
+        super().__init__(f"run {run_id} was {how} before its trainer started; nothing to do")
+
+
 class Heartbeat(threading.Thread):
     """Refresh the run's heartbeat every few seconds, so a dead run is noticed even between logs."""
 
@@ -65,7 +75,7 @@ class RunRecorder:
         if started and self.writer.refused:  # killed (or ended) before it could start: do not train
             was = self.writer.refused[0][1]
             self.writer.close()
-            raise AttnresError(f"run {run_id} is {was}: not starting it")
+            raise NotStarted(run_id, was)
         self.heartbeat = Heartbeat(self.writer)
         self.heartbeat.start()
 

@@ -185,16 +185,30 @@ def reopen(engine: Engine, run_ids: Sequence[int], restart: bool = False) -> tup
         from attnres import checkpoint  # (torch: only a resume needs it)
 
         folder = paths.checkpoints_dir(r.id)
-        if restart:
-            _set_aside(folder)
+        hole = _first_hole(engine, r)
         at = None if restart else checkpoint.step_of(folder)
+        if restart or (hole is not None and at is not None and at >= hole):  # retrain from before the first hole
+            _set_aside(folder)
+            at = None
         store.drop_metrics_after(engine, r.id, -1 if at is None else at)
         store.update_run(engine, r.id, step=at or 0, **({"started_at": None} if at is None else {}))
         lines.append(f"run {r.id} ({r.variant}, seed {r.seed}): "
                      + ("starting over from step 0 (--restart; its checkpoints are set aside, kept)" if restart
+                        else f"retraining the steps it lacks from step {hole}: no checkpoint before them, starting "
+                             "over from step 0 (its checkpoints are set aside, kept)" if hole is not None and at is None
                         else f"from step {at} of {r.total_steps} (its last checkpoint)" if at is not None
                         else "no checkpoint: starting over from step 0"))
     return max(r.world_size for r in runs), lines
+
+
+def _first_hole(engine: Engine, r: object) -> int | None:
+    """The first logged step an incomplete run lacks (None: not incomplete)."""
+    if r.status != states.INCOMPLETE:
+        return None
+    from attnres.tracking import completeness
+
+    found = completeness.holes(engine, r.id, r.config_json, r.total_steps)
+    return min((a for rs in found.values() for a, _ in rs), default=None)
 
 
 def _set_aside(folder: Path) -> None:
@@ -236,4 +250,7 @@ def sync(engine: Engine, files: Sequence[Path] | None = None) -> list[tuple[Path
     for path in files or paths.spools():
         with spool.held(path):  # not while a queue, monitor or relaunch is recording the same spool
             done.append((path, spool.ingest(engine, path)))
+    from attnres.tracking import completeness
+
+    completeness.recheck(engine, states.MONITOR)  # an incomplete run whose rows the spools held is finished
     return done

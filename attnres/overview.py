@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 
 from attnres import grid
 from attnres.durations import duration
-from attnres.tracking import glance, states
+from attnres.tracking import completeness, glance, states
 from attnres.variants import superseded
 
 if TYPE_CHECKING:
@@ -35,6 +35,8 @@ def status_rows(engine: Engine, experiment: str | None = None, preset: str | Non
     however many runs and metric rows the database holds.
     """
     runs, total = glance.status_runs(engine, experiment, preset, recent)
+    if completeness.check(engine, runs, states.MONITOR):  # a finished run with holes is shown incomplete
+        runs, total = glance.status_runs(engine, experiment, preset, recent)
     last = glance.latest_values(engine, [int(r["id"]) for r in runs], KEYS)
     cells = grid.cell_labels([(r["experiment"], r["preset"], r["total_steps"]) for r in runs],
                              [str(r["variant"]) for r in runs], [grid.settings(r["config_json"]) for r in runs])

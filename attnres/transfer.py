@@ -130,7 +130,43 @@ def _json_keys(path: Path) -> list[str]:
 
 
 def read_import(path: Path) -> pd.DataFrame:
-    """Read and check a metric file before anything is recorded (one clear line for what is wrong)."""
+    """Read and check a metric file before anything is recorded (one clear line for what is wrong).
+
+    A text file whose last line is cut (an export killed midway, a file still being written) is refused: its
+    runs would otherwise be recorded as they say they ended, with only some of their rows.
+    """
+    if path.suffix in {".csv", ".jsonl", ".json"} and path.is_file() and path.stat().st_size:
+        import csv
+
+        with path.open("rb") as fh:
+            fh.seek(-1, 2)
+            why = None if fh.read(1) == b"\n" else "no newline at the end"
+        if why is None and path.suffix == ".csv":
+            header: list[str] = []
+            last: list[str] | None = None  # the last row with fields, none but the header's
+            with path.open(newline="", errors="replace") as fh:
+                rows = csv.reader(fh, strict=True)
+                try:
+                    header = next(rows, [])
+                    for row in rows:  # (a quoted field may hold newlines: a row is not a line)
+                        last = row or last  # (blank lines are skipped, as pandas does)
+                except csv.Error as exc:  # (other odd quoting is left to the reader below)
+                    why = "a quoted field not closed" if "unexpected end of data" in str(exc) else None
+                    last = None
+            if why is None and last is not None and len(last) < len(header):
+                why = f"{len(last)} of the header's {len(header)} fields"
+        elif why is None:
+            tail = b""
+            with path.open("rb") as fh:
+                for line in fh:
+                    tail = line if line.strip() else tail
+            try:
+                json.loads(tail or b"{}")
+            except ValueError:
+                why = "not a whole JSON object"
+        if why:
+            raise AttnresError(f"{path}: its last line is cut ({why}): a file still being written, or cut short; "
+                               "nothing imported")
     df = _read(path)
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:

@@ -16,9 +16,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from attnres.tracking.states import DIVERGED, EARLY, FAILED, KILLED, STOPPED
+from attnres.tracking.states import DIVERGED, EARLY, FAILED, INCOMPLETE, KILLED, STOPPED
 
-MARKS = {DIVERGED: "diverged", STOPPED: "stopped early", FAILED: "failed", KILLED: "killed"}
+MARKS = {DIVERGED: "diverged", STOPPED: "stopped early", FAILED: "failed", KILLED: "killed",
+         INCOMPLETE: "incomplete (logged steps missing from the database)"}
 ALPHA, POWER = 0.05, 0.8
 
 

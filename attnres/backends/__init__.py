@@ -151,7 +151,8 @@ def reconcile(engine: Engine) -> list[int]:
 
 
 def kill(engine: Engine, run_ids: Sequence[int]) -> list[int]:
-    """Stop runs now: mark them killed (user), then stop their processes through their backend.
+    """Stop runs now: stop their processes through their backend (a checkpoint first, where the trainer can),
+    then mark them killed (user).
 
     A queued run never starts; a running one loses its whole process group (or its job). Runs
     already ended are left as they are.
@@ -159,11 +160,17 @@ def kill(engine: Engine, run_ids: Sequence[int]) -> list[int]:
     killed = []
     for rid in run_ids:
         run = store.get_run(engine, rid)
-        if states.transition(engine, rid, states.KILLED, states.USER, ended_at=store.now(),
-                             message="killed by attnres kill"):
+        # Signals first, the record after, all under the run's spool lock: a resume (which reopens the run
+        # under the same lock) waits until the old processes are gone, so no two attempts write one spool.
+        with spool.held(store.spool_path(run)):
+            run = store.get_run(engine, rid)
+            if run.status not in states.sources(states.USER, states.KILLED):
+                continue
             if run.status in states.ACTIVE and (run.backend or "local") in REGISTRY:  # (an imported
                 get(run.backend or "local").kill(run)  # run has no process here; a preempted one has none)
-            killed.append(rid)
+            if states.transition(engine, rid, states.KILLED, states.USER, ended_at=store.now(),
+                                 message="killed by attnres kill"):
+                killed.append(rid)
     return killed
 
 

@@ -43,11 +43,12 @@ from attnres.backends import (
     silence,
     trainer_command,
 )
+from attnres.backends.processes import kill_grace_s, kill_tree, process_alive
 from attnres.backends.slots import Slots
 from attnres.durations import duration
 from attnres.errors import AttnresError
 from attnres.logline import say
-from attnres.tracking import spool, states, store
+from attnres.tracking import completeness, spool, states, store
 from attnres.tracking.db import check_location, get_engine, normalize_url
 from attnres.tracking.schema import Run
 
@@ -165,7 +166,10 @@ def settle(engine: Engine, run_id: int, returncode: int, log: Path, pid: int | N
             run = store.get_run(engine, run_id)
             if run.exit_code is None or (returncode != 0 and run.exit_code == 0):
                 store.update_run(engine, run_id, where=ours, exit_code=returncode)
-            return run.status
+            if run.status == states.FINISHED:  # a finished run is a complete run: else incomplete, holes named
+                completeness.check(engine, [{"id": run.id, "status": run.status, "total_steps": run.total_steps,
+                                             "config_json": run.config_json}], states.SUPERVISOR)
+            return store.status_of(engine, run_id)
     except (SQLAlchemyError, OSError, AttnresError) as exc:
         say(f"attnres: cannot record how run {run_id} ended ({str(exc).splitlines()[0][:200]}); its spool keeps "
             "what it wrote: `attnres sync` records it", err=True)
@@ -303,39 +307,6 @@ def start_detached(db: str | None, run_ids: Sequence[int], nproc: int, gpus_per_
     return proc.pid
 
 
-def kill_tree(agent_pid: int | None, trainer_pid: int | None) -> None:
-    """SIGKILL torchrun and every process below it (workers run in sessions of their own)."""
-    procs: list[psutil.Process] = []
-    for pid in (agent_pid, trainer_pid):
-        if not pid or pid == os.getpid():  # (a run trained in this very process, in process: not ours to kill)
-            continue
-        try:
-            p = psutil.Process(pid)
-            procs += [p, *p.children(recursive=True)]
-        except psutil.Error:
-            continue
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    # Dead is enough: a killed worker whose torchrun died with it stays a zombie until init reaps it
-    # (seconds, on some machines), and psutil.wait_procs would wait for that.
-    end = time.monotonic() + 10
-    while any(process_alive(p.pid) for p in procs) and time.monotonic() < end:
-        time.sleep(0.01)
-
-
-def process_alive(pid: int, since: datetime | None = None) -> bool:
-    """Whether ``pid`` is a live process (and, given ``since``, one started no later: not a reused pid)."""
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return since is None or proc.create_time() <= since.replace(tzinfo=UTC).timestamp() + 5
-    except psutil.Error:
-        return False
-
 
 class LocalBackend(Backend):
     """Runs on this machine, through the queue above."""
@@ -402,19 +373,16 @@ class LocalBackend(Backend):
                 os.kill(pid, signal.SIGTERM)
             except OSError:
                 pass
+        for pid in procs:  # a stopped process (SIGSTOP, ^Z) handles the SIGTERM once it runs again
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
         end = time.monotonic() + kill_grace_s()
         while any(process_alive(p) for p in procs) and time.monotonic() < end:
             time.sleep(0.05)
         kill_tree(run.agent_pid, trainer)
 
-
-def kill_grace_s() -> float:
-    """How long `attnres kill` lets a run save its checkpoint before SIGKILL: ``$ATTNRES_KILL_GRACE`` seconds
-    (default 30; 0 kills at once)."""
-    try:
-        return max(0.0, float(os.environ.get("ATTNRES_KILL_GRACE", "30")))
-    except ValueError:
-        return 30.0
 
 
 def main(argv: list[str] | None = None) -> int:

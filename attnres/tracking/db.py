@@ -102,7 +102,7 @@ def _engine(url: str, db: str | None, create: bool, busy_s: float) -> Engine:
     if is_sqlite:
         event.listen(engine, "connect", _sqlite_pragmas(busy_s))
     try:
-        _check_schema(engine, create)
+        _check_schema(engine, create, url, db or default_url())
     except (DatabaseError, OperationalError) as exc:
         msg = str(exc.orig).splitlines()[0] if exc.orig else str(exc)
         raise AttnresError(f"cannot open database '{db or default_url()}': {msg}") from None
@@ -145,6 +145,21 @@ def check_location(engine: Engine) -> None:
 
 HEAD = "0009"  # the newest Alembic revision under migrations/versions
 
+# What each revision adds that can be seen in a SQLite file: columns of ``runs``, and tables or indexes (by
+# name); a new migration adds its line. An upgrade by an earlier attnres committed the first migration's
+# leading DDL at once (pysqlite ran it outside the transaction): a file killed then holds objects of a
+# revision it is not stamped with, which `db upgrade` drops and makes again, and other commands refuse.
+_ADDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "0002": (("backend", "agent_pid", "job_id", "rule_json"), ()),
+    "0003": ((), ("ux_runs_active_config",)),
+    "0004": (("experiment", "device"), ("depth_weights", "ix_runs_experiment")),
+    "0005": ((), ("metric_summaries",)),
+    "0006": (("mirrors_json", "on_end_json"), ("mirror_marks",)),
+    "0007": (("launch_id",), ("launches",)),
+    "0008": (("conditions_json",), ("benchmarks", "ix_benchmarks_session")),
+    "0009": (("queue_host", "queue_pid", "queue_since"), ()),
+}
+
 
 def _alembic(conn: Connection) -> AlembicConfig:
     from alembic.config import Config as AlembicConfig  # (imported when a schema is made or migrated: not for status)
@@ -155,70 +170,117 @@ def _alembic(conn: Connection) -> AlembicConfig:
     return cfg
 
 
+def _ddl_engine(url: str, busy_s: float) -> Engine:
+    """An engine whose transactions hold DDL too. pysqlite, left alone, begins a transaction only before
+    INSERT/UPDATE/DELETE and runs CREATE/ALTER/DROP before it in autocommit: a schema change killed half
+    way stays half done. Here pysqlite begins nothing, and each transaction is one ``BEGIN IMMEDIATE``
+    (the write lock at once: no writer changes the file between the checks and the change)."""
+    if not url.startswith("sqlite"):
+        return create_engine(url, pool_pre_ping=True)  # (PostgreSQL's DDL is transactional as it is)
+    engine = create_engine(url, connect_args={"timeout": busy_s})
+    pragmas = _sqlite_pragmas(busy_s)
+
+    def on_connect(dbapi_conn, record) -> None:  # noqa: ANN001 - DB-API connection and pool record
+        pragmas(dbapi_conn, record)
+        dbapi_conn.isolation_level = None
+
+    event.listen(engine, "connect", on_connect)
+    event.listen(engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
+    return engine
+
+
 def _wal(engine: Engine) -> None:
-    """WAL lets readers (status, reports) run beside writers; it is a property of the file."""
+    """WAL lets readers (status, reports) run beside writers; it is a property of the file (set outside
+    any transaction: a raw connection, as an engine of :func:`_ddl_engine` begins one for any statement)."""
     if engine.dialect.name == "sqlite":
-        with engine.connect() as conn:
-            if conn.exec_driver_sql("PRAGMA journal_mode").scalar() != "wal":
-                conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+        raw = engine.raw_connection()
+        try:
+            cur = raw.cursor()
+            if cur.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                cur.execute("PRAGMA journal_mode=WAL")
+            cur.close()
+        finally:
+            raw.close()
+
+
+def _read_revision(conn: Connection) -> tuple[str | None, bool]:
+    """(revision, unstamped): Alembic's revision, "0001" for a pre-Alembic attnres file, None if empty;
+    ``unstamped`` when an ``alembic_version`` table is there but empty (left by an interrupted upgrade)."""
+    tables = set(inspect(conn).get_table_names())
+    if tables and "runs" not in tables:
+        raise AttnresError("database has tables but is not an attnres database; pass another --db")
+    if "alembic_version" not in tables:
+        return ("0001" if "runs" in tables else None), False
+    rev = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    return ("0001", True) if rev is None else (rev, False)
 
 
 def revision(engine: Engine) -> str | None:
     """The database's schema revision: Alembic's, "0001" for a pre-Alembic attnres file, None if empty."""
-    tables = set(inspect(engine).get_table_names())
-    if "alembic_version" in tables:
-        with engine.connect() as conn:
-            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
-    return "0001" if "runs" in tables else None
+    with engine.connect() as conn:
+        return _read_revision(conn)[0]
 
 
-def _check_schema(engine: Engine, create: bool) -> None:
-    tables = set(inspect(engine).get_table_names())
-    if tables and "runs" not in tables:
-        raise AttnresError("database has tables but is not an attnres database; pass another --db")
-    rev = revision(engine)
+def _later_objects(conn: Connection, rev: str) -> dict[str, list[tuple[str, str]]]:
+    """What a SQLite file stamped ``rev`` already holds of later revisions: {revision: [(kind, name)]},
+    kind "column" (of runs), "table" or "index"."""
+    if conn.dialect.name != "sqlite" or not rev.isdigit():
+        return {}
+    kinds = dict(conn.execute(text("SELECT name, type FROM sqlite_master")).all())
+    columns = {r[1] for r in conn.execute(text("PRAGMA table_info(runs)"))}
+    found: dict[str, list[tuple[str, str]]] = {}
+    for later, (cols, names) in _ADDS.items():
+        if int(later) > int(rev):
+            got = [("column", c) for c in cols if c in columns] + [(kinds[n], n) for n in names if n in kinds]
+            if got:
+                found[later] = got
+    return found
+
+
+def _half_upgraded(label: str) -> AttnresError:
+    return AttnresError(f"database '{label}' was left half-upgraded by an interrupted upgrade: run "
+                        "`attnres db upgrade` (it completes it, or says what to do)")
+
+
+def _check_schema(engine: Engine, create: bool, url: str, label: str) -> None:
+    with engine.connect() as conn:
+        rev, unstamped = _read_revision(conn)
+        later = _later_objects(conn, rev) if rev not in (None, HEAD) else {}
+    if unstamped or later:
+        raise _half_upgraded(label)
     if rev is None:
         if create:
-            from alembic import command
-
-            from attnres.tracking.schema import Base  # (the ORM: only for a new file's tables)
-
-            Base.metadata.create_all(engine)
-            with engine.begin() as conn:
-                command.stamp(_alembic(conn), HEAD)
+            _create(url, engine)
             _wal(engine)
         return
     if rev == HEAD:
         _wal(engine)
         return
-    if rev.isdigit() and int(rev) < int(HEAD):
-        raise AttnresError(f"database schema is older (revision {rev}, this attnres uses {HEAD}); "
-                           "back it up, then run `attnres db upgrade`")
-    raise AttnresError(f"database schema revision {rev} is newer than this attnres ({HEAD}); upgrade attnres")
+    _refuse_newer(rev)
+    first = ("it keeps a copy of the file first" if engine.dialect.name == "sqlite"
+             else "back the database up first")
+    raise AttnresError(f"database schema is older (revision {rev}, this attnres uses {HEAD}); "
+                       f"run `attnres db upgrade` ({first})")
 
 
-def upgrade(db: str | None) -> tuple[str | None, str]:
-    """Migrate a database to the newest schema in place, keeping its runs; returns (from, to)."""
-    url = normalize_url(db)
-    engine = create_engine(url)
-    if url.startswith("sqlite"):
-        event.listen(engine, "connect", _sqlite_pragmas(busy_timeout_s()))
+def _refuse_newer(rev: str) -> None:
+    if not (rev.isdigit() and int(rev) <= int(HEAD)):
+        raise AttnresError(f"database schema revision {rev} is newer than this attnres ({HEAD}); upgrade attnres")
+
+
+def _create(url: str, engine: Engine) -> None:
+    """A new database's tables and stamp, in one transaction (a file killed while made is left empty)."""
     from alembic import command
 
+    from attnres.tracking.schema import Base  # (the ORM: only for a new file's tables)
+
+    memory = engine.dialect.name == "sqlite" and engine.url.database in (None, "", ":memory:")
+    ddl = engine if memory else _ddl_engine(url, busy_timeout_s())  # (a second engine: another memory database)
     try:
-        before = revision(engine)
-        with engine.begin() as conn:
-            cfg = _alembic(conn)
-            if before == "0001" and "alembic_version" not in inspect(conn).get_table_names():
-                command.stamp(cfg, "0001")
-            command.upgrade(cfg, "head")
-        _wal(engine)
-    except RuntimeError as exc:  # a migration's own refusal (it says why)
-        raise AttnresError(f"cannot upgrade database '{db or default_url()}': {exc}") from None
-    except (DatabaseError, OperationalError) as exc:
-        msg = str(exc.orig).splitlines()[0]
-        raise AttnresError(f"cannot upgrade database '{db or default_url()}': {msg}") from None
+        with ddl.begin() as conn:
+            if _read_revision(conn)[0] is None:  # (another process may have made it meanwhile)
+                Base.metadata.create_all(conn)
+                command.stamp(_alembic(conn), HEAD)
     finally:
-        engine.dispose()
-    forget_engines()
-    return before, HEAD
+        if ddl is not engine:
+            ddl.dispose()

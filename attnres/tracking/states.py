@@ -13,9 +13,11 @@ Who may do what (``actor``: the part of attnres that makes the change)::
                                          finished, diverged, stopped, preempted or failed
     supervisor  the queue that started   queued/running -> failed when the process exited
                 the trainer's process    without recording an end; queued -> preempted when the
-                                         queue is stopped (Ctrl-C) before the run started
-    monitor     attnres status           queued/running -> failed when the process is gone, its
-                                         heartbeat stopped or its SLURM job vanished
+                                         queue is stopped (Ctrl-C) before the run started;
+                                         finished <-> incomplete as its rows are all in or not
+    monitor     attnres status, sync     queued/running -> failed when the process is gone, its
+                                         heartbeat stopped or its SLURM job vanished; queued ->
+                                         preempted when its queue is gone; finished <-> incomplete
     user        attnres kill             queued/running/preempted -> killed
     importer    attnres import           creates runs in any state (they were recorded elsewhere)
     restorer    attnres sync             recreates a run lost with its database, as its spool has it
@@ -33,11 +35,12 @@ from sqlalchemy.exc import IntegrityError
 
 QUEUED, RUNNING, FINISHED, FAILED = "queued", "running", "finished", "failed"
 KILLED, DIVERGED, STOPPED, PREEMPTED = "killed", "diverged", "stopped", "preempted"
-STATES = (QUEUED, RUNNING, FINISHED, FAILED, KILLED, DIVERGED, STOPPED, PREEMPTED)
+INCOMPLETE = "incomplete"  # recorded finished, but the database lacks logged steps (attnres.tracking.completeness)
+STATES = (QUEUED, RUNNING, FINISHED, FAILED, KILLED, DIVERGED, STOPPED, PREEMPTED, INCOMPLETE)
 ACTIVE = (QUEUED, RUNNING)  # a process owns the run, or will
-RESUMABLE = (FAILED, KILLED, PREEMPTED)  # a relaunch continues these from their checkpoint
-EARLY = (DIVERGED, STOPPED, KILLED, FAILED)  # ended before their last step, for a reason reports give
-ENDED = (FINISHED, FAILED, KILLED, DIVERGED, STOPPED)  # decided; only the launcher reopens them
+RESUMABLE = (FAILED, KILLED, PREEMPTED, INCOMPLETE)  # a relaunch continues these from their checkpoint
+EARLY = (DIVERGED, STOPPED, KILLED, FAILED, INCOMPLETE)  # not a complete curve, for a reason reports give
+ENDED = (FINISHED, FAILED, KILLED, DIVERGED, STOPPED, INCOMPLETE)  # decided; only the launcher reopens them
 
 LAUNCHER, TRAINER, SUPERVISOR, MONITOR, USER, IMPORTER, RESTORER = (
     "launcher", "trainer", "supervisor", "monitor", "user", "importer", "restorer")
@@ -48,8 +51,10 @@ _OPEN = frozenset({QUEUED, RUNNING, PREEMPTED})  # what a (re)starting trainer m
 TRANSITIONS: dict[str, dict[str, frozenset[str]]] = {
     LAUNCHER: {QUEUED: frozenset(RESUMABLE)},
     TRAINER: {to: _OPEN for to in (RUNNING, FINISHED, DIVERGED, STOPPED, PREEMPTED, FAILED)},
-    SUPERVISOR: {FAILED: frozenset(ACTIVE), PREEMPTED: frozenset({QUEUED})},
-    MONITOR: {FAILED: frozenset(ACTIVE), PREEMPTED: frozenset({QUEUED})},  # (preempted: its queue is gone)
+    SUPERVISOR: {FAILED: frozenset(ACTIVE), PREEMPTED: frozenset({QUEUED}), INCOMPLETE: frozenset({FINISHED}),
+                 FINISHED: frozenset({INCOMPLETE})},
+    MONITOR: {FAILED: frozenset(ACTIVE), PREEMPTED: frozenset({QUEUED}),  # (preempted: its queue is gone)
+              INCOMPLETE: frozenset({FINISHED}), FINISHED: frozenset({INCOMPLETE})},  # (holes; filled by a sync)
     USER: {KILLED: _OPEN},
 }
 

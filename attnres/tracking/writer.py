@@ -8,7 +8,10 @@ emptied only when everything in it is in the database.
 
 The spool holds the whole run while it is active: if the database is deleted mid-run, every
 value is still on disk. It is emptied when the writer closes (the run has ended), and only once
-the database at the configured location is confirmed to hold it all.
+the database at the configured location is confirmed to hold it all. A spool deleted or replaced
+mid-run (its logs folder removed) is noticed within a second and made again, holding the run's row
+and everything the database has not confirmed yet; one that cannot be made again (a read-only or
+full disk) leaves the rows in memory, and training goes on.
 
 The writer speaks for the trainer: its state changes go through :mod:`attnres.tracking.states`
 as the ``trainer`` actor, so a run killed or failed meanwhile keeps that end.
@@ -43,6 +46,7 @@ def _transient(exc: Exception | None) -> bool:
 
 
 PROGRESS = frozenset({"step", "heartbeat_at"})  # bookkeeping a later line's flush may carry to the OS
+SPOOL_CHECK_S = 1.0  # how often a write looks whether its spool is still at its path (deleted, replaced)
 
 
 class Mirroring(Protocol):
@@ -79,6 +83,9 @@ class MetricWriter:
         self._metrics_line, self._step_line = spool.line_makers(run_id)
         self._fd: int | None = None  # the spool, opened at the first line
         self._held: list[str] = []  # lines not yet handed to the OS (progress marks), in order
+        self._next_check = 0.0  # (monotonic) when a write next looks whether the spool is still there
+        # what the background thread is writing to the database now: neither pending nor confirmed
+        self._inflight: tuple[list, dict, list, list] | None = None
         self.thread = threading.Thread(target=self._loop, name="attnres-metric-writer", daemon=True)
         self.thread.start()
 
@@ -95,13 +102,20 @@ class MetricWriter:
         if flush:
             self._write_held()
 
-    def _write_held(self) -> None:
+    def _write_held(self, check: bool = False) -> None:
         data, self._held = "".join(self._held).encode(), []
-        self._write(data)
+        self._write(data, check)
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes, check: bool = False) -> None:
+        """Hand ``data`` to the spool (under ``self.lock``); a spool deleted or replaced is made again first.
+
+        Whether the file is still at its path is looked at once a second (``check`` forces it), not per line.
+        """
         try:
+            if self._fd is not None and self._moved(check):
+                data = self._recreate() + data
             if self._fd is None:
+                self.spool.parent.mkdir(parents=True, exist_ok=True)  # (a logs folder deleted before the first line)
                 fd = os.open(self.spool, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 try:
                     if os.fstat(fd).st_size and not _ends_with_newline(self.spool):  # an earlier attempt was cut
@@ -112,8 +126,53 @@ class MetricWriter:
                 self._fd = fd
             while data:
                 data = data[os.write(self._fd, data):]
-        except OSError as exc:  # disk full, unwritable folder: keep rows in memory, keep training
+        except OSError as exc:  # disk full, unwritable or read-only folder: keep rows in memory, keep training
             self._spool_failed(exc)
+
+    def _moved(self, now: bool = False) -> bool:
+        """Whether the open spool is no longer the file at its path (deleted, its folder deleted, replaced).
+
+        Looked at once every ``SPOOL_CHECK_S`` (a ``stat`` and an ``fstat``), or ``now``.
+        """
+        clock = time.monotonic()
+        if not now and clock < self._next_check:
+            return False
+        self._next_check = clock + SPOOL_CHECK_S
+        try:
+            there = os.stat(self.spool)
+        except (FileNotFoundError, NotADirectoryError):
+            return True
+        except OSError:  # cannot tell (a folder unreadable for a moment): keep writing where we write
+            return False
+        mine = os.fstat(self._fd)
+        return (there.st_ino, there.st_dev) != (mine.st_ino, mine.st_dev)
+
+    def _recreate(self) -> bytes:
+        """Leave a spool that is gone from its path; the lines that make the next one hold, alone, everything
+        the database may lack: the run's row (snapshot), then what is being written to the database now and
+        what waits to be, in order (resume points, values, columns, state changes).
+
+        Values the database already took are not written again, and neither are its confirmed resume points
+        (replayed, they would drop this attempt's confirmed values past them).
+        """
+        try:
+            os.close(self._fd)
+        except OSError:  # (a delayed write error of the lost file: what it held is rewritten below)
+            pass
+        self._fd = None
+        lines = [spool.snapshot_line(self.run_id, self.snapshot)] if self.snapshot else []
+        values = 0
+        for entries, fields, moves, drops in (self._inflight or ([], {}, [], []),
+                                              (self.pending, self.fields, self.moves, self.drops)):
+            lines += [spool.drop_line(self.run_id, step) for step in drops]
+            lines += [self._metrics_line(step, vals) for step, vals in entries]
+            values += sum(len(vals) for _, vals in entries)
+            if fields:
+                lines.append(spool.fields_line(self.run_id, fields))
+            lines += [spool.fields_line(self.run_id, {"status": to, **extra}) for to, extra in moves]
+        say(f"attnres: spool {self.spool} was deleted or replaced; made it again with the {values} value(s) "
+            "the database has not confirmed yet", err=True)
+        return "".join(lines).encode()
 
     def _spool_failed(self, exc: OSError) -> None:
         self.spool_ok = False
@@ -179,11 +238,12 @@ class MetricWriter:
             self.snapshot = dict(row)
             self._append(spool.snapshot_line(self.run_id, self.snapshot))
 
-    def _flush_spool(self) -> None:
-        """Hand lines still in this process's buffer (progress marks) to the OS."""
+    def _flush_spool(self, check: bool = False) -> None:
+        """Hand lines still in this process's buffer (progress marks) to the OS; make a lost spool again
+        (looked at once a second, or now with ``check``)."""
         with self.lock:
-            if self._held and self.spool_ok:
-                self._write_held()
+            if self.spool_ok and (self._held or self._fd is not None):
+                self._write_held(check)
 
     def flush(self, timeout: float = 60.0) -> bool:
         """Write everything now; True if the database holds it all.
@@ -193,7 +253,7 @@ class MetricWriter:
         written again, until ``timeout``. Any other failure (database gone, read-only) answers at once.
         """
         deadline = time.monotonic() + timeout
-        self._flush_spool()
+        self._flush_spool(check=True)
         while True:
             self.idle.clear()
             self.wake.set()
@@ -252,12 +312,14 @@ class MetricWriter:
                 return
 
     def _write_once(self) -> None:
-        self._flush_spool()  # progress marks reach the OS within one interval, whatever the run logs
+        # progress marks reach the OS within one interval, whatever the run logs; a lost spool is made again
+        self._flush_spool(check=True)
         with self.lock:
             entries, self.pending = self.pending, []
             fields, self.fields = self.fields, {}
             moves, self.moves = self.moves, []
             drops, self.drops = self.drops, []
+            self._inflight = (entries, fields, moves, drops)  # a spool made again meanwhile writes these too
         try:
             check_location(self.engine)  # never into a deleted database file that a pooled connection holds
             if self.failures and self.spool.exists():
@@ -285,6 +347,7 @@ class MetricWriter:
                 self.fields = {**fields, **self.fields}
                 self.moves = moves + self.moves
                 self.drops = drops + self.drops
+                self._inflight = None
             if self.failures == 0:
                 say(f"attnres: database write failed ({str(exc).splitlines()[0][:200]}); spooling to {self.spool}",
                     err=True)
@@ -293,3 +356,4 @@ class MetricWriter:
             return
         with self.lock:
             self.failures = 0
+            self._inflight = None

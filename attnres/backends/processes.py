@@ -1,0 +1,53 @@
+"""This machine's processes as the local backend sees them: alive or not (and not a later process that reused a
+pid), a run's process tree killed, and how long a kill lets a trainer save first."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import UTC, datetime
+
+import psutil
+
+
+def kill_tree(agent_pid: int | None, trainer_pid: int | None) -> None:
+    """SIGKILL torchrun and every process below it (workers run in sessions of their own)."""
+    procs: list[psutil.Process] = []
+    for pid in (agent_pid, trainer_pid):
+        if not pid or pid == os.getpid():  # (a run trained in this very process, in process: not ours to kill)
+            continue
+        try:
+            p = psutil.Process(pid)
+            procs += [p, *p.children(recursive=True)]
+        except psutil.Error:
+            continue
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    # Dead is enough: a killed worker whose torchrun died with it stays a zombie until init reaps it
+    # (seconds, on some machines), and psutil.wait_procs would wait for that.
+    end = time.monotonic() + 10
+    while any(process_alive(p.pid) for p in procs) and time.monotonic() < end:
+        time.sleep(0.01)
+
+
+def process_alive(pid: int, since: datetime | None = None) -> bool:
+    """Whether ``pid`` is a live process (and, given ``since``, one started no later: not a reused pid)."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return since is None or proc.create_time() <= since.replace(tzinfo=UTC).timestamp() + 5
+    except psutil.Error:
+        return False
+
+
+def kill_grace_s() -> float:
+    """How long `attnres kill` lets a run save its checkpoint before SIGKILL: ``$ATTNRES_KILL_GRACE`` seconds
+    (default 30; 0 kills at once)."""
+    try:
+        return max(0.0, float(os.environ.get("ATTNRES_KILL_GRACE", "30")))
+    except ValueError:
+        return 30.0

@@ -1,0 +1,112 @@
+"""A finished run is a complete run: the database holds every logged step of every key up to its last step.
+
+A run logs its train loss every ``log_every`` steps (and at its last step) and evaluates at step 0, every
+``eval_every`` steps and at its last step. A run recorded ``finished`` while some of those rows never reached
+the database (a spool lost with its trainer, two writers on one spool) would report from a curve with a hole
+and say nothing. Where a run ends (its queue settles it) and when ``attnres status`` shows it, the rows are
+counted against that schedule; a run with a hole becomes ``incomplete``, the missing ranges named, and
+``attnres resume`` retrains them (from the last checkpoint before the first hole, else from step 0); a sync
+that brings the rows marks it finished again.
+
+SQLAlchemy Core only (``attnres status`` must not load the ORM): the state change imports it when needed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+
+from sqlalchemy import Engine, column, select, table
+
+from attnres.tracking.states import FINISHED, INCOMPLETE
+
+RUNS = table("runs", column("id"), column("status"), column("total_steps"), column("config_json"))
+METRICS = table("metrics", column("run_id"), column("key_id"), column("step"))
+METRIC_KEYS = table("metric_keys", column("id"), column("name"))
+KEYS = ("train_loss", "eval_loss")
+
+
+def schedule(config_json: str | None, last: int) -> dict[str, set[int]] | None:
+    """The steps at which a run trained here logs each key, up to ``last`` (None: a run recorded elsewhere)."""
+    try:
+        train = json.loads(config_json or "{}")["train"]
+        log_every, eval_every = int(train["log_every"]), int(train["eval_every"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    if log_every < 1 or eval_every < 1:
+        return None
+    return {"train_loss": {s for s in range(log_every, last + 1, log_every)} | {last},
+            "eval_loss": {0, *range(eval_every, last + 1, eval_every), last}}
+
+
+def ranges(steps: Iterable[int], expected: Sequence[int]) -> list[tuple[int, int]]:
+    """The missing ``steps`` as runs of consecutive entries of the ``expected`` schedule: [(first, last)]."""
+    missing, out, prev = set(steps), [], -2
+    for i, s in enumerate(expected):
+        if s not in missing:
+            continue
+        if out and prev == i - 1:
+            out[-1] = (out[-1][0], s)
+        else:
+            out.append((s, s))
+        prev = i
+    return out
+
+
+def holes(engine: Engine, run_id: int, config_json: str | None, last: int) -> dict[str, list[tuple[int, int]]]:
+    """Each key's missing ranges of steps for a run that reached ``last`` ({}: complete, or not ours to judge)."""
+    plan = schedule(config_json, last)
+    if not plan:
+        return {}
+    m, k = METRICS.c, METRIC_KEYS.c
+    out = {}
+    with engine.connect() as conn:
+        for key, want in plan.items():
+            q = select(m.step).select_from(METRICS.join(METRIC_KEYS, m.key_id == k.id)).where(
+                m.run_id == run_id, k.name == key)
+            have = {int(s) for (s,) in conn.execute(q).all()}
+            if want - have:
+                out[key] = ranges(want - have, sorted(want))
+    return out
+
+
+def text(found: dict[str, list[tuple[int, int]]]) -> str:
+    """``train_loss steps 541-730, 800; eval_loss step 550``."""
+    def one(a: int, b: int) -> str:
+        return f"{a}" if a == b else f"{a}-{b}"
+
+    return "; ".join(f"{key} step{'s' if len(r) > 1 or r[0][0] != r[0][1] else ''} "
+                     + ", ".join(one(a, b) for a, b in r[:6]) + (f" (+{len(r) - 6} more)" if len(r) > 6 else "")
+                     for key, r in found.items())
+
+
+def check(engine: Engine, rows: Iterable[dict[str, object]], actor: str) -> list[int]:
+    """Mark finished runs among ``rows`` (id, status, total_steps, config_json) with holes ``incomplete``, and
+    incomplete ones whose rows are all in again ``finished``; returns the runs whose state changed."""
+    changed = []
+    for r in rows:
+        if r["status"] not in (FINISHED, INCOMPLETE):
+            continue
+        found = holes(engine, int(r["id"]), r.get("config_json"), int(r["total_steps"]))
+        if bool(found) == (r["status"] == INCOMPLETE):
+            continue
+        from attnres.tracking import states  # (the ORM: only when a state changes)
+
+        if found:
+            why = (f"incomplete: the database lacks {text(found)}; `attnres sync` brings them from a spool that "
+                   f"holds them, `attnres resume {r['id']}` retrains them")
+            done = states.transition(engine, int(r["id"]), INCOMPLETE, actor, where={"status": FINISHED},
+                                     message=why)
+        else:
+            done = states.transition(engine, int(r["id"]), FINISHED, actor, where={"status": INCOMPLETE},
+                                     message=None)
+        if done:
+            changed.append(int(r["id"]))
+    return changed
+
+
+def recheck(engine: Engine, actor: str) -> list[int]:
+    """Check every incomplete run again (after a sync brought rows): those now whole are finished."""
+    with engine.connect() as conn:
+        rows = [dict(r._mapping) for r in conn.execute(select(RUNS).where(RUNS.c.status == INCOMPLETE)).all()]
+    return check(engine, rows, actor)

@@ -226,3 +226,11 @@ def check_revision(cfg: RunConfig, run_id: int | str) -> None:
         raise AttnresError(
             f"run {run_id} was recorded with revision {cfg.revision} of {cfg.variant}, and this version "
             f"trains revision {current} (see `attnres variants`): launch it again as a new run")
+
+
+def default_settings(variant: str, preset: str) -> dict[str, str]:
+    """A variant's settings at a preset before any ``--set``, by their ``--set`` names: what a run's own values
+    are measured against (its cell of a sweep, a one-variant sweep's baseline value)."""
+    from attnres import grid
+
+    return grid.settings(resolve_run(variant, preset, 0).to_json())

@@ -25,7 +25,7 @@ from attnres.tracking import depth_maps, launches, speed
 from attnres.tracking.reads import Results, load_results, run_table
 from attnres.tracking.states import EARLY
 from attnres.variant_info import model_params
-from attnres.variants import VARIANTS, canonical, resolve_run
+from attnres.variants import VARIANTS, canonical, default_settings, resolve_run
 from reports import compare as cmp
 from reports import costs
 from reports.analysis import Analysis, analyse
@@ -202,7 +202,7 @@ def _sweep_arms(runs: pd.DataFrame, scope: Scope, key: str) -> tuple[pd.DataFram
     :func:`reports.tuning.cells_as_arms`)."""
     variant = str(runs["variant"].iloc[0])
     try:
-        default = grid.settings(resolve_run(variant, scope.preset, 0).to_json()).get(key)
+        default = default_settings(variant, scope.preset).get(key)
     except (AttnresError, KeyError, ValueError):
         default = None
     try:

@@ -79,12 +79,12 @@ def cell(variant: str, preset: str, config_json: str | None,
     ``--set`` names: a sweep's cell, even at a value that is the default."""
     from attnres import grid
     from attnres.errors import AttnresError
-    from attnres.variants import resolve_run
+    from attnres.variants import default_settings
 
     mine = grid.settings(config_json)
     swept = set(grid.swept_keys((v, grid.settings(c)) for v, c in siblings))
     try:
-        default = grid.settings(resolve_run(variant, preset, 0).to_json())
+        default = default_settings(variant, preset)
     except (AttnresError, KeyError, ValueError, TypeError):
         default = mine
     return {k: v for k, v in mine.items() if k in swept or default.get(k) != v}

@@ -10,6 +10,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 
 from sqlalchemy import Connection, Engine, inspect, text
@@ -123,15 +124,7 @@ def _copy_aside(path: Path, backup: Path, busy_s: float) -> None:
         stale.unlink(missing_ok=True)  # (a copy killed half way, and its journal)
     partial = backup.with_name(backup.name + ".partial")
     try:
-        src = sqlite3.connect(path, timeout=busy_s)
-        try:
-            dst = sqlite3.connect(partial)
-            try:
-                src.backup(dst)
-            finally:
-                dst.close()
-        finally:
-            src.close()
+        _sqlite_copy(str(path), partial, busy_s)
         os.replace(partial, backup)
     except (OSError, sqlite3.Error) as exc:
         partial.unlink(missing_ok=True)
@@ -139,19 +132,18 @@ def _copy_aside(path: Path, backup: Path, busy_s: float) -> None:
                            "was changed") from None
 
 
+def _sqlite_copy(source: str, target: Path, busy_s: float) -> None:
+    """SQLite's backup API from ``source`` (a path or a ``file:`` URI) into ``target``, page by page under the
+    files' locks: the one way this module copies a database, aside and back."""
+    with closing(sqlite3.connect(source, timeout=busy_s, uri=source.startswith("file:"))) as src, \
+            closing(sqlite3.connect(target, timeout=busy_s)) as dst:
+        src.backup(dst)
+
+
 def _restore(backup: Path, path: Path) -> None:
     """Put the copy back over the file (the backup API: under the file's lock, its journal kept right)."""
-
     try:
-        src = sqlite3.connect(f"file:{backup}?mode=ro", uri=True)
-        try:
-            dst = sqlite3.connect(path, timeout=busy_timeout_s())
-            try:
-                src.backup(dst)
-            finally:
-                dst.close()
-        finally:
-            src.close()
+        _sqlite_copy(f"file:{backup}?mode=ro", path, busy_timeout_s())
     except sqlite3.Error as exc:
         raise AttnresError(f"cannot put the copy {backup} back over the file: {exc}; with no attnres command "
                            f"running, copy it over by hand (cp '{backup}' '{path}')") from None

@@ -27,7 +27,7 @@ from attnres.tracking.db import get_engine
 from attnres.training import distributed
 from attnres.training.loop import NullRecorder, header_prefix, speed_conditions, train
 from attnres.training.recorder import NotStarted, open_recorder
-from attnres.variants import check_revision, resolve_run
+from attnres.variants.registry import check_revision, resolve_run
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

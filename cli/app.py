@@ -52,7 +52,7 @@ def parse_seeds(values: list[str] | None) -> list[int] | None:
             if "," in value and all(re.fullmatch(r"-?\d+", p) for p in parts):
                 raise AttnresError(f"--seeds takes seeds separated by spaces: --seeds {' '.join(parts)}") from None
             raise AttnresError(f"bad --seeds '{value}': a seed is a whole number, e.g. --seeds 42 1337") from None
-    from attnres.planning import check_seeds  # (here, not at the top: only `launch` takes seeds, and imports it)
+    from attnres.runs.planning import check_seeds  # (here, not at the top: only `launch` takes seeds, and imports it)
 
     return check_seeds(seeds, "--seeds")
 

@@ -34,7 +34,7 @@ from cli.bars import RunBars
 from cli.render import print_frame, show_cell, submit
 
 if TYPE_CHECKING:
-    from attnres.backends import Submitted
+    from attnres.runs.backends import Submitted
 
 
 @app.command()
@@ -43,8 +43,8 @@ def variants(
     preset: Annotated[str, typer.Option(help="preset for --params")] = "tiny",
 ) -> None:
     """List every residual variant: name, description, depth sources, extra parameters."""
-    from attnres.optim import RULE
-    from attnres.variant_info import PARAMS_NOTE, variant_rows
+    from attnres.training.optim import RULE
+    from attnres.variants.describe import PARAMS_NOTE, variant_rows
 
     rows = variant_rows(preset if params else None)
     table = Table(title=f"Residual variants{f' at {preset}' if params else ''}", show_lines=not params,
@@ -95,8 +95,8 @@ def launch(
     """Train every VARIANT x swept value x seed with torchrun, recording runs and metrics in the database.
 
     `--set lr=3e-4,1e-3` sweeps a setting (several swept settings make a product)."""
-    from attnres import orchestrator, planning
-    from attnres.backends import Placement, trainer_command
+    from attnres.runs import orchestrator, planning
+    from attnres.runs.backends import Placement, trainer_command
     from attnres.tracking.db import get_engine, normalize_url
 
     placement = Placement(nproc, gpus_per_run, nodes, gpus_per_node, partition, time_limit,
@@ -140,7 +140,7 @@ def resume(
     db: DbOpt = None,
 ) -> None:
     """Continue interrupted runs (failed, killed, preempted) from their last checkpoint."""
-    from attnres import orchestrator
+    from attnres.runs import orchestrator
     from attnres.tracking.db import get_engine, normalize_url
 
     engine = get_engine(db, create=False)
@@ -159,7 +159,7 @@ def kill(
     db: DbOpt = None,
 ) -> None:
     """Stop runs now (their process group, or their SLURM job) and mark them killed."""
-    from attnres import orchestrator
+    from attnres.runs import orchestrator
     from attnres.tracking.db import get_engine
 
     if not all_ and not run:
@@ -178,7 +178,7 @@ def logs(
     """Show a run's log (stdout and stderr of its torchrun job)."""
     import time
 
-    from attnres.overview import missing_log
+    from attnres.runs.status import missing_log
     from attnres.tracking import store
     from attnres.tracking.db import get_engine
     from attnres.tracking.states import ACTIVE
@@ -213,7 +213,7 @@ def status(
 ) -> None:
     """Live state of the runs: active ones and the most recent (runs whose process died are marked failed first)."""
 
-    from attnres.overview import RECENT, grid_rows, reconcile, resume_note, slot_waits, status_rows
+    from attnres.runs.status import RECENT, grid_rows, reconcile, resume_note, slot_waits, status_rows
     from attnres.tracking import states
     from attnres.tracking.db import exists, get_engine
 
@@ -225,7 +225,7 @@ def status(
         # piped (`| tee`, a log, CI): a live view's cursor movement would be garbage there, so each refresh is a
         # time line and the grid's rows as plain aligned text; it ends by itself once nothing in the view is
         # queued or running, so the pipe does too
-        from attnres.tracking.glance import status_runs
+        from attnres.tracking.listing import status_runs
 
         try:
             while True:
@@ -309,8 +309,8 @@ def report(
 
     engine = get_engine(db, create=False)  # no database: one line at once, before the report code is imported
 
-    from attnres.grid import parse_pick
-    from attnres.variants import canonical
+    from attnres.runs.grid import parse_pick
+    from attnres.variants.registry import canonical
     from reports.build import write_report
 
     pick = parse_pick(set_ or [])
@@ -340,7 +340,7 @@ def compare(
 
     get_engine(db, create=False)  # no database: one line at once, before the report code is imported
 
-    from attnres.grid import parse_pick
+    from attnres.runs.grid import parse_pick
     from reports import compare as compare_tables
     from reports.build import compare as run_compare
 

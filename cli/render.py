@@ -13,8 +13,8 @@ from cli.app import console, err
 from cli.bars import RunBars
 
 if TYPE_CHECKING:
-    from attnres.backends import Submitted
-    from attnres.planning import PlannedRun
+    from attnres.runs.backends import Submitted
+    from attnres.runs.planning import PlannedRun
 
 
 def show_cell(c: PlannedRun) -> None:
@@ -65,7 +65,7 @@ def show_submitted(engine: object, done: Submitted) -> None:
 def submit(engine: object, start: Callable[[RunBars], Submitted]) -> None:
     """Start runs with ``start`` (given the progress bars to feed), then say what it did: the one place the
     verbs that start runs (launch, resume, next --launch) handle their bars and a Ctrl-C (one line, exit 130)."""
-    from attnres.backends import QueueStopped
+    from attnres.runs.backends import QueueStopped
 
     bars = RunBars(engine)
     try:

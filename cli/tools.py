@@ -24,7 +24,7 @@ def export_cmd(
 ) -> None:
     """Export runs and their metrics (all, or one experiment's or preset's) to CSV or Parquet."""
     from attnres.tracking.db import get_engine
-    from attnres.transfer import export
+    from attnres.tracking.transfer import export
 
     for path in export(get_engine(db, create=False), out, fmt, experiment, preset):
         console.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
@@ -35,9 +35,9 @@ def import_cmd(
     file: Annotated[Path, typer.Argument(help="CSV/JSONL/Parquet: run?, variant, seed, step, key, value, status?")],
     db: DbOpt = None,
 ) -> None:
-    """Import runs recorded elsewhere (format: see attnres/transfer.py or README) into the database."""
+    """Import runs recorded elsewhere (format: see attnres/tracking/transfer.py or README) into the database."""
     from attnres.tracking.db import get_engine
-    from attnres.transfer import import_file, imported_text, read_import
+    from attnres.tracking.transfer import import_file, imported_text, read_import
 
     frame = read_import(file)  # checked before the database is opened: bad input changes nothing
     counts = import_file(get_engine(db), file, frame)
@@ -118,7 +118,7 @@ def bench(
             table.add_row(Text(k), f"{v:,.3f}" if isinstance(v, float) else f"{v:,}")
         console.print(table)
         return
-    from attnres.bench.variants import TARGETS, bench_models, store_session
+    from attnres.bench.variant_speed import TARGETS, bench_models, store_session
 
     names = list(target or TARGETS)
     from rich.progress import Progress, TextColumn, TimeElapsedColumn  # (not on status's path)
@@ -186,7 +186,8 @@ def sync(
 ) -> None:
     """Write spooled metrics and run states (left when the database was unreachable) into the database;
     with --mirror, then send runs to a mirror (what a run's own mirroring missed, or runs from before)."""
-    from attnres import mirrors, orchestrator
+    from attnres import mirrors
+    from attnres.runs import orchestrator
     from attnres.tracking.db import get_engine
 
     targets = mirrors.specs(mirror) if mirror else []

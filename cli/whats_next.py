@@ -37,9 +37,9 @@ def next_cmd(
 
     engine = get_engine(db, create=False)  # no database: one line at once, before the report code is imported
 
-    from attnres import orchestrator, planning
-    from attnres.grid import parse_pick
-    from attnres.variants import canonical
+    from attnres.runs import orchestrator, planning
+    from attnres.runs.grid import parse_pick
+    from attnres.variants.registry import canonical
     from reports import plan as plans
     from reports.build import next_plan
 

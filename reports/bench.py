@@ -31,12 +31,12 @@ import pandas as pd
 from scipy import stats
 from statsmodels.stats.proportion import proportion_confint
 
-from attnres import traits
 from attnres.bench.synthetic import synthetic_db
 from attnres.errors import AttnresError
 from attnres.tracking.db import forget_engines, get_engine
-from attnres.transfer import import_file
-from attnres.variants import VARIANTS
+from attnres.tracking.transfer import import_file
+from attnres.variants import traits
+from attnres.variants.registry import VARIANTS
 from reports.build import write_report
 
 

@@ -16,16 +16,18 @@ import pandas as pd
 from matplotlib.figure import Figure
 from sqlalchemy import URL, Engine
 
-from attnres import grid, outputs, traits
+from attnres import outputs
 from attnres.config import ModelConfig, RunConfig
 from attnres.errors import AttnresError
-from attnres.grid import arm_label, parse_arm
-from attnres.planning import git_commit, reproduce
+from attnres.runs import grid
+from attnres.runs.grid import arm_label, parse_arm
+from attnres.runs.planning import git_commit, reproduce
 from attnres.tracking import depth_maps, launches, speed
 from attnres.tracking.reads import Results, load_results, run_table
 from attnres.tracking.states import EARLY
-from attnres.variant_info import model_params
-from attnres.variants import VARIANTS, canonical, default_settings, resolve_run
+from attnres.variants import traits
+from attnres.variants.describe import model_params
+from attnres.variants.registry import VARIANTS, canonical, default_settings, resolve_run
 from reports import compare as cmp
 from reports import costs
 from reports.analysis import Analysis, analyse
@@ -302,7 +304,7 @@ def compare(engine: Engine, variants: list[str], step: int | None = None, plot: 
             data: str | None = None, pick: dict[str, str] | None = None, tuned: str | None = None) -> Comparison:
     """Compare arms side by side within one scope; optionally save their Δ curves to ``plot``.
 
-    An arm is a variant, or a cell of one (``control_block@lr=1e-3``: :func:`attnres.grid.parse_arm`), so two
+    An arm is a variant, or a cell of one (``control_block@lr=1e-3``: :func:`attnres.runs.grid.parse_arm`), so two
     settings of one variant compare as two variants do. ``pick`` (``--set``) chooses a cell of a sweep for every
     arm; ``tuned`` compares each variant at its best value of that setting.
     """
@@ -360,7 +362,7 @@ def compare(engine: Engine, variants: list[str], step: int | None = None, plot: 
 
 def inspect(engine: Engine, run_id: int, out: Path, step: int | None = None) -> tuple[int, str]:
     """Draw one run's depth-attention map (at ``step``, default its last) to ``out``; returns (step, summary)."""
-    from reports.depthmaps import matrix, summary
+    from reports.depth_maps import matrix, summary
 
     outputs.check(out, example="depth_map.png")
     runs = run_table(engine)

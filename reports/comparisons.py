@@ -2,7 +2,7 @@
 
 * every variant of a comparison group against the baseline, at the group's step (primary family);
 * the two best variants of the main table against each other: is the first really ahead (primary);
-* the contrasts that isolate a mechanism (:func:`attnres.traits.contrasts`): a variant against the
+* the contrasts that isolate a mechanism (:func:`attnres.variants.traits.contrasts`): a variant against the
   variant it adds one trait to (or several, confounded), at the latest step both have (secondary).
 
 A variant whose runs all ended early is compared at its last eval, with what it is compared against
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from attnres import traits
 from attnres.tracking.states import EARLY
+from attnres.variants import traits
 from reports.evidence import BASELINE, CONTRAST, TOP_TWO, Comparison, assess, control, pooled_sd
 from reports.scope import choose
 from reports.stats import ReportError, finite

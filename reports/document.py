@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from attnres.tracking.states import ACTIVE, EARLY, FINISHED
-from reports import depthmaps, evidence, findings
+from reports import depth_maps, evidence, findings
 from reports import plan as whats_next
 from reports.analysis import Analysis, analyse
 from reports.escape import cell_text, markdown_table
@@ -219,9 +219,9 @@ def maps_section(inp: Inputs) -> str:
     for variant, grp in sorted(by_variant.groupby("variant"), key=lambda kv: kv[0]):
         last = int(grp["step"].max())
         at = grp[grp["step"] == last]
-        m = depthmaps.matrix(at)
+        m = depth_maps.matrix(at)
         parts.append(f"- **{variant}** (step {last:,}, {at['run_id'].nunique()} run(s), {len(m.index)} sites): "
-                     f"{depthmaps.summary(m)}")
+                     f"{depth_maps.summary(m)}")
     return "\n".join(parts) + "\n"
 
 

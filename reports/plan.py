@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from attnres import grid, planning
 from attnres.config import get_preset
 from attnres.errors import AttnresError
+from attnres.runs import grid, planning
 from attnres.tracking.states import ACTIVE, DIVERGED, FAILED, FINISHED, PREEMPTED, RUNNING
-from attnres.variants import VARIANTS, resolve_run
+from attnres.variants.registry import VARIANTS, resolve_run
 from reports.escape import cell_text
 from reports.evidence import BASELINE, CONTRAST, TOP_TWO, Comparison, evidence_text
 from reports.scope import DEFAULT_DATA, Scope
@@ -109,7 +109,7 @@ def kinds(only: list[str] | None) -> tuple[str, ...]:
 
 def settings_of(runs: pd.DataFrame, variant: str, reference: str, scope: Scope) -> list[str] | None:
     """The ``--set`` items that train ``variant`` as its runs (or ``reference``'s) were trained in ``scope``
-    (:func:`attnres.planning.reproduce`); [] for imported runs (the preset's own settings: a plan of them
+    (:func:`attnres.runs.planning.reproduce`); [] for imported runs (the preset's own settings: a plan of them
     is printed, not launched); None when no command can reproduce them."""
     src = runs[runs["variant"] == variant]
     src = src if len(src) else runs[runs["variant"] == reference]

@@ -19,8 +19,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from attnres.tracking.states import EARLY
-from attnres.variants import VARIANTS
-from reports.depthmaps import matrix, site_name
+from attnres.variants.registry import VARIANTS
+from reports.depth_maps import matrix, site_name
 from reports.stats import design, finite, interval, level_text, shown
 
 # distinct colours, one per registered variant: tab10's, then the dark ones of tab20b

@@ -3,7 +3,7 @@ for each comparison group the step it is compared at. Pure functions of the run 
 
 A table never mixes experiments, presets, step budgets, datasets (a loss per GPT-2 token and one per
 byte are different numbers) or the values of a swept setting (runs at two learning rates are not
-seeds of one variant: :mod:`attnres.grid`): a document covers one scope, and names the others the
+seeds of one variant: :mod:`attnres.runs.grid`): a document covers one scope, and names the others the
 database holds. ``--tuned KEY`` joins the cells that differ only in KEY into one scope, where each
 variant is then compared at its best value (:mod:`reports.tuning`).
 Within it, each comparison group (the shallow variants; the deep variants with the shallow baseline)
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
-from attnres import grid
+from attnres.runs import grid
 from attnres.tracking.states import EARLY, FINISHED
 from reports.stats import ReportError, finite
 

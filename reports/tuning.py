@@ -14,7 +14,7 @@ import math
 
 import pandas as pd
 
-from attnres import grid
+from attnres.runs import grid
 from attnres.tracking.states import EARLY, FINISHED
 from reports.escape import markdown_table
 from reports.stats import ReportError, finite

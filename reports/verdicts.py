@@ -5,7 +5,7 @@ The words are the seed document's: *Best quality* (the largest observed improvem
 quality/cost ratio* (the largest improvement per unit of cost), *Solid* (at least 0.020) or *Modest*,
 and *Not worth it* (no improvement); a cost qualifier follows where one applies: *expensive* (more than
 1.25x the cost of the cheapest improvement), *simpler* (fewer mechanisms than every variant ranked above
-it: :func:`attnres.traits.mechanisms`), *cheap* (within 10% of the cheapest improvement's cost). The
+it: :func:`attnres.variants.traits.mechanisms`), *cheap* (within 10% of the cheapest improvement's cost). The
 ranking is what the data show; the evidence after the dash says whether the statistics back it.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from attnres.traits import mechanisms
-from attnres.variants import VARIANTS
+from attnres.variants.registry import VARIANTS
+from attnres.variants.traits import mechanisms
 from reports import costs
 from reports.evidence import Comparison, evidence_text
 from reports.stats import shown, stars

@@ -99,7 +99,7 @@ def stop_leftovers(db: Path) -> None:
     """Kill runs a test left queued or running, so no orphan slows the tests after it."""
     if not db.exists():
         return
-    from attnres import orchestrator
+    from attnres.runs import orchestrator
     from attnres.tracking.db import get_engine
 
     try:
@@ -181,7 +181,7 @@ def kernel_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     Triton one (for GPUs; here in Triton's interpreter, on CPU tensors)."""
     import torch
 
-    from attnres import cpu_kernel, gpu_kernel
+    from attnres.model import cpu_kernel, gpu_kernel
 
     if request.param == "triton":
         pytest.importorskip("triton")  # (in the dev extra: `make test` installs it)

@@ -1,7 +1,7 @@
 """A plain reference of depth attention: every site stacks its sources and runs ordinary autograd ops.
 
 This is the straightforward implementation (the one the results document ran), kept here, apart
-from the product, so that the optimised kernel in ``attnres.depth_attend`` can be checked against
+from the product, so that the optimised kernel in ``attnres.model.depth_attend`` can be checked against
 it: same parameters, same inputs, forward and gradients equal in float64.
 """
 
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnres.residual import DepthAttention, Step
+from attnres.model.residual import DepthAttention, Step
 
 
 def _rope(res: DepthAttention, x: Tensor, pos: Tensor) -> Tensor:

@@ -11,10 +11,10 @@ from typing import ClassVar
 
 import pytest
 
-from attnres import backends, orchestrator, planning
-from attnres.backends import ALIVE, GONE, Backend, Placement, Submitted
-from attnres.backends import HEARTBEAT_SILENCE_S as STALE_AFTER_S
-from attnres.backends.local import LocalBackend
+from attnres.runs import backends, orchestrator, planning
+from attnres.runs.backends import ALIVE, GONE, Backend, Placement, Submitted
+from attnres.runs.backends import HEARTBEAT_SILENCE_S as STALE_AFTER_S
+from attnres.runs.backends.local import LocalBackend
 from attnres.tracking import states, store
 from attnres.tracking.db import get_engine
 
@@ -101,7 +101,7 @@ def test_a_resumed_run_takes_its_last_attempts_spool_along_and_the_old_queue_lea
     import json
     import socket
 
-    from attnres.backends.local import settle
+    from attnres.runs.backends.local import settle
 
     engine = get_engine(str(tmp_path / "runs.db"))
     killed = running_row(engine, socket.gethostname(), 2**31 - 1, 0, 6)
@@ -114,7 +114,8 @@ def test_a_resumed_run_takes_its_last_attempts_spool_along_and_the_old_queue_lea
     assert states.transition(engine, killed.id, states.KILLED, states.USER)
     import torch
 
-    from attnres import checkpoint, paths
+    from attnres import paths
+    from attnres.training import checkpoint
 
     monkeypatch.setenv("ATTNRES_CHECKPOINTS", str(tmp_path / "checkpoints"))
     model = torch.nn.Linear(2, 2)

@@ -9,7 +9,7 @@ from conftest import attnres, in_process
 
 from attnres.tracking import states, store
 from attnres.tracking.db import get_engine
-from attnres.variants import resolve_run
+from attnres.variants.registry import resolve_run
 
 CASES = [
     (["launch", "standard", "--seeds", "abc"], "--seeds"),

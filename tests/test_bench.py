@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import attnres
 
-from attnres import cpu_kernel
+from attnres.model import cpu_kernel
 
 
 def test_bench_data_reports_prepare_next_to_tiktoken(workdir):

@@ -18,11 +18,11 @@ from seed_scenario import rows as seed_rows
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 
-from attnres import traits
 from attnres.tracking import launches, states, store
 from attnres.tracking.db import get_engine
-from attnres.transfer import import_file
-from attnres.variants import VARIANTS, resolve_run
+from attnres.tracking.transfer import import_file
+from attnres.variants import traits
+from attnres.variants.registry import VARIANTS, resolve_run
 from reports import comparisons, evidence
 from reports.bench import evidence_rows, verdicts
 from reports.build import write_report
@@ -150,7 +150,7 @@ def test_no_decision_before_the_last_step_and_none_without_spread():
 
 def test_a_run_resumed_after_it_ended_joins_a_new_stage(workdir):
     """Its seed arrives after its stage was complete (and maybe tested without it): one more look."""
-    from attnres import orchestrator
+    from attnres.runs import orchestrator
 
     engine = get_engine(str(workdir / "runs.db"))
     first = launches.create(engine, launches.LAUNCH)
@@ -293,7 +293,7 @@ def test_interpretation_and_whats_next_quote_the_tables(workdir):
 def test_no_rule_names_a_variant():
     """Verdicts, comparisons, findings and the plan reason over traits: no registry name in their code."""
     for path in ["reports/verdicts.py", "reports/comparisons.py", "reports/findings.py", "reports/plan.py",
-                 "reports/evidence.py", "reports/analysis.py", "attnres/traits.py"]:
+                 "reports/evidence.py", "reports/analysis.py", "attnres/variants/traits.py"]:
         tree = ast.parse((ROOT / path).read_text())
         docs = {id(node.body[0].value) for node in ast.walk(tree)
                 if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef) and node.body

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from conftest import FAST, attnres
 
-from attnres.backends.local import threads_per_process
+from attnres.runs.backends.local import threads_per_process
 from attnres.tracking import speed
 from reports import costs
 from reports.tables import per_variant

@@ -13,9 +13,9 @@ import pytest
 import torch
 from reference_depth import reference_forward
 
-from attnres import cpu_kernel, depth_attend
-from attnres.residual import DepthAttention
-from attnres.variants import VARIANTS
+from attnres.model import cpu_kernel, depth_attend
+from attnres.model.residual import DepthAttention
+from attnres.variants.registry import VARIANTS
 
 DEPTH = sorted(n for n, v in VARIANTS.items() if v.residual.kind == "depth")
 DEVICE = os.environ.get("ATTNRES_TEST_DEVICE", "cpu")  # cuda: the GPU check (`make gpu-check`)
@@ -83,7 +83,7 @@ def test_the_triton_kernel_runs_when_asked_for_and_not_otherwise(monkeypatch):
     """On CPU the Triton path is taken only when asked for (ATTNRES_TRITON_KERNEL=1, in the interpreter);
     on CUDA tensors by default."""
     pytest.importorskip("triton")
-    from attnres import gpu_kernel
+    from attnres.model import gpu_kernel
 
     calls = []
     real = depth_attend._forward_triton
@@ -107,7 +107,7 @@ def test_a_failed_build_falls_back_to_pytorch_with_one_warning(tmp_path, monkeyp
     cpu_kernel._load.cache_clear()
     cpu_kernel._warn_once.cache_clear()
     try:
-        with caplog.at_level("WARNING", logger="attnres.cpu_kernel"):
+        with caplog.at_level("WARNING", logger="attnres.model.cpu_kernel"):
             assert cpu_kernel.kernel([torch.zeros(1)]) is None
             res, emb, _, steps = build("control_block", 7, d=8, seed=2)
             out = res(emb, steps)
@@ -131,8 +131,8 @@ def test_the_reference_is_not_trivially_equal_when_parameters_differ():
 @pytest.mark.parametrize("name", DEPTH)
 def test_bf16_autocast_training_step_runs_and_stays_close_to_float32(name):
     """Under autocast the layers compute in bf16 and depth attention in float32; a step trains."""
-    from attnres.model import GPT
-    from attnres.variants import resolve_run
+    from attnres.model.gpt import GPT
+    from attnres.variants.registry import resolve_run
 
     cfg = resolve_run(name, "tiny", 0, ["vocab_size=97", "d_model=32", "n_head=2", "seq_len=16", "n_layer=5"])
     torch.manual_seed(0)
@@ -152,8 +152,8 @@ def test_torch_compile_traces_a_whole_model_on_the_triton_path_as_one_graph(name
     """The Triton kernel is a custom op: torch.compile keeps the model one graph with no break (the
     value-projection and hybrid variants pass a tensor as several sources: it goes in once)."""
     pytest.importorskip("triton")
-    from attnres.model import GPT
-    from attnres.variants import resolve_run
+    from attnres.model.gpt import GPT
+    from attnres.variants.registry import resolve_run
 
     monkeypatch.setenv("ATTNRES_TRITON_KERNEL", "1")
     torch._dynamo.reset()
@@ -177,7 +177,7 @@ def test_the_triton_kernel_checks_itself_once_per_device_and_a_failing_one_is_no
     problem; one that fails there (here: a launch with no channel block) leaves depth attention on the
     PyTorch path, with one line saying so, and training goes on."""
     pytest.importorskip("triton")
-    from attnres import gpu_kernel
+    from attnres.model import gpu_kernel
 
     monkeypatch.setenv("ATTNRES_TRITON_KERNEL", "1")
     depth_attend._triton_checked.cache_clear()

@@ -28,7 +28,7 @@ WRITER = textwrap.dedent("""
     from attnres.tracking import store
     from attnres.tracking.db import get_engine
     from attnres.tracking.writer import MetricWriter
-    from attnres.variants import resolve_run
+    from attnres.variants.registry import resolve_run
     url, n, spool = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     engine = get_engine(url)
     run_id = store.create_run(engine, resolve_run("standard", "tiny", n))

@@ -30,7 +30,7 @@ from conftest import (
     wait_for,
 )
 
-from attnres.backends.local import process_alive
+from attnres.runs.backends.local import process_alive
 
 
 def at_step(workdir, n: int, run: int = 0) -> dict:
@@ -214,7 +214,8 @@ def test_a_second_queue_waits_for_the_machines_one_cpu_slot(workdir):
 ENQUEUE_AT_ONCE = """
 import sys, time
 from pathlib import Path
-from attnres import orchestrator, planning
+from attnres.runs import orchestrator
+from attnres.runs import planning
 from attnres.tracking.db import get_engine
 url, seed, go, ready = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
 engine = get_engine(url)

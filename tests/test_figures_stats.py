@@ -14,11 +14,11 @@ import pytest
 from conftest import in_process
 from scipy import stats
 
-from attnres import planning
+from attnres.runs import planning
 from attnres.tracking import states, store
 from attnres.tracking.db import get_engine
 from attnres.tracking.reads import load_results, run_table
-from attnres.variants import VARIANTS, resolve_run
+from attnres.variants.registry import VARIANTS, resolve_run
 from reports import document, plots
 from reports.build import compare
 from reports.document import Inputs

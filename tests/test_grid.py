@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 from conftest import FAST, attnres, in_process, runs
 
-from attnres import grid, planning
 from attnres.errors import AttnresError
-from attnres.overview import grid_rows
+from attnres.runs import grid, planning
+from attnres.runs.status import grid_rows
 from attnres.tracking.db import get_engine
 from reports.tuning import tune
 

@@ -18,7 +18,7 @@ from conftest import in_process
 
 from attnres.tracking import imports, states, store
 from attnres.tracking.db import get_engine
-from attnres.transfer import import_file
+from attnres.tracking.transfer import import_file
 from reports.escape import cell_text
 
 HEADER = "variant,seed,step,key,value,experiment"

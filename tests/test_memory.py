@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from attnres.bench.variants import TARGETS, saved_activation_bytes
-from attnres.model import GPT
-from attnres.variants import resolve_run
+from attnres.bench.variant_speed import TARGETS, saved_activation_bytes
+from attnres.model.gpt import GPT
+from attnres.variants.registry import resolve_run
 
 
 def test_counter_sees_saved_activations_once_and_skips_parameters():

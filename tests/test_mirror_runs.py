@@ -110,7 +110,7 @@ def test_a_failing_mirror_is_one_warning_and_sync_sends_what_it_missed_once(work
 
 
 def test_the_mirrors_of_a_database_and_of_the_environment(workdir, monkeypatch, capsys):
-    from attnres import orchestrator, planning
+    from attnres.runs import orchestrator, planning
     from attnres.tracking.db import get_engine
 
     code, out, _ = in_process(["mirror", "trackio=lab", "wandb"], capsys, monkeypatch)
@@ -143,7 +143,7 @@ def test_a_resumed_attempt_sends_only_new_steps_and_sync_leaves_a_run_being_sent
     from attnres.tracking import mirror_marks, states, store
     from attnres.tracking.db import get_engine
     from attnres.tracking.writer import MetricWriter
-    from attnres.variants import resolve_run
+    from attnres.variants.registry import resolve_run
 
     tmp_path = workdir
     (workdir / "logs").mkdir()  # (where the run's spool and its senders' lock live)

@@ -7,7 +7,7 @@ import sys
 
 from conftest import FAST, LONG, attnres, curve, in_process, queue_pid, runs, wait_for
 
-from attnres.backends.local import process_alive
+from attnres.runs.backends.local import process_alive
 
 HOOK = """import json, os, sys
 with open(sys.argv[1], "a") as fh:

@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
-from attnres.model import GPT
-from attnres.optim import build_optimizer, decay_groups, parameter_roles
-from attnres.variants import VARIANTS, resolve_run
+from attnres.model.gpt import GPT
+from attnres.training.optim import build_optimizer, decay_groups, parameter_roles
+from attnres.variants.registry import VARIANTS, resolve_run
 
 LAYER_MATRIX = re.compile(r"layers\.\d+\.(attn\.qkv|attn\.proj|mlp\.gate_up|mlp\.down)\.weight")
 NORM = re.compile(r"(layers\.\d+\.(attn_norm|mlp_norm)\.weight|norm\.weight)")
@@ -90,7 +90,7 @@ def test_the_eager_optimizer_gives_torchs_adamw_weights_exactly_and_imports_no_d
     for (n, a), b in zip(models[0].named_parameters(), models[1].parameters(), strict=True):
         assert torch.equal(a, b), n
         assert all(torch.equal(opts[0].state[a][k], opts[1].state[b][k]) for k in opts[1].state[b]), n
-    code = ("import sys, torch\nfrom attnres.optim import build_optimizer\nm = torch.nn.Linear(3, 3)\n"
+    code = ("import sys, torch\nfrom attnres.training.optim import build_optimizer\nm = torch.nn.Linear(3, 3)\n"
             "o = build_optimizer(m, 1e-3, 0.1, (0.9, 0.95))\nm(torch.ones(3)).sum().backward()\no.step()\n"
             "o.zero_grad()\no.load_state_dict(o.state_dict())\nprint('torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -9,8 +9,8 @@ import time
 import psutil
 from conftest import FAST, LONG, attnres, runs, train_steps, wait_for
 
-from attnres.backends.local import process_alive
-from attnres.overview import grid_rows
+from attnres.runs.backends.local import process_alive
+from attnres.runs.status import grid_rows
 from attnres.tracking.db import get_engine
 
 

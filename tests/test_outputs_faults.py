@@ -19,11 +19,12 @@ import pytest
 import torch
 from conftest import FAST, attnres, in_process, runs
 
-from attnres import checkpoint, outputs
+from attnres import outputs
 from attnres.errors import AttnresError
 from attnres.tracking import states, store
 from attnres.tracking.db import get_engine
-from attnres.variants import resolve_run
+from attnres.training import checkpoint
+from attnres.variants.registry import resolve_run
 
 STEPS = 1000  # eval points per run of the generated file: 4 runs, 4,000 metric rows
 
@@ -160,7 +161,7 @@ def test_a_seed_out_of_range_is_refused_at_parse_time(workdir, capsys, monkeypat
 
 
 def test_the_library_refuses_a_bad_seed_list_too():
-    from attnres.planning import request
+    from attnres.runs.planning import request
 
     for seeds in ([-1], [2**40], [1, 2**31]):
         with pytest.raises(AttnresError, match="a seed is a whole number from 0 to 2147483647"):
@@ -195,7 +196,7 @@ def test_a_checkpoint_folder_deleted_between_or_during_saves_is_made_again(tmp_p
 
 
 def test_gpus_on_a_cpu_machine_warn_then_the_run_trains_and_a_deleted_log_is_gone(workdir, capsys, monkeypatch):
-    from attnres.backends.local import gpu_driver_loaded, visible_gpus
+    from attnres.runs.backends.local import gpu_driver_loaded, visible_gpus
 
     if gpu_driver_loaded() and visible_gpus():
         pytest.skip("this machine has GPUs")

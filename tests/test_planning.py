@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from attnres import orchestrator, planning
-from attnres.backends import Placement
 from attnres.errors import AttnresError
+from attnres.runs import orchestrator, planning
+from attnres.runs.backends import Placement
 from attnres.tracking import states, store
 from attnres.tracking.db import get_engine
 

@@ -12,9 +12,9 @@ import math
 import pytest
 import torch
 
-from attnres.model import GPT
-from attnres.residual import DepthAttention
-from attnres.variants import VARIANTS, resolve_run
+from attnres.model.gpt import GPT
+from attnres.model.residual import DepthAttention
+from attnres.variants.registry import VARIANTS, resolve_run
 
 DEPTH = sorted(n for n, v in VARIANTS.items() if v.residual.kind == "depth" and v.depth_mult == 1)
 
@@ -120,7 +120,7 @@ def test_bf16_logit_and_gradient_error_of_every_variant_is_at_most_twice_standar
 @pytest.mark.parametrize("per_token,with_prior", [(False, False), (True, False), (False, True)])
 def test_the_kernel_mixes_bf16_and_float32_sources_in_float32(per_token, with_prior, kernel_path):
     """Called directly with bf16 keys beside a float32 one, the kernel gives what float32 copies give."""
-    from attnres.depth_attend import attend, rms_rsqrt
+    from attnres.model.depth_attend import attend, rms_rsqrt
 
     torch.manual_seed(3)
     n_tok, d = 24, 16

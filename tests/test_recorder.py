@@ -11,7 +11,7 @@ from attnres.tracking import states, store
 from attnres.tracking.db import get_engine
 from attnres.training.loop import Ending
 from attnres.training.recorder import RunRecorder
-from attnres.variants import resolve_run
+from attnres.variants.registry import resolve_run
 
 
 @pytest.fixture

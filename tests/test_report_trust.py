@@ -20,7 +20,7 @@ from attnres.errors import AttnresError
 from attnres.tracking import states, store
 from attnres.tracking.db import HEAD, get_engine
 from attnres.tracking.reads import load_results, run_table
-from attnres.variants import VARIANTS, resolve_run
+from attnres.variants.registry import VARIANTS, resolve_run
 from reports import comparisons, evidence, plots
 from reports.build import public_url, write_report
 from reports.document import Inputs, build_report

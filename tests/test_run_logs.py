@@ -10,12 +10,11 @@ import signal
 import pytest
 from conftest import FAST, LONG, attnres, runs, wait_for
 
-from attnres import checkpoint
 from attnres.tracking import states
-from attnres.training import loop
+from attnres.training import checkpoint, loop
 from attnres.training.distributed import single
 from attnres.training.loop import MemoryRecorder, train
-from attnres.variants import resolve_run
+from attnres.variants.registry import resolve_run
 
 # a one-layer model on the byte corpus: a step takes milliseconds
 SMALL = ["batch_size=2", "eval_batches=1", "warmup=2", "log_every=1", "n_layer=1", "d_model=32", "n_head=2",

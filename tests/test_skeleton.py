@@ -54,7 +54,7 @@ def test_ddp_run_with_two_gloo_ranks(workdir):
 
 def test_dry_run_prints_the_torchrun_command_and_records_nothing(workdir):
     out = attnres("launch", "control_block", "--seeds", "1", "--dry-run", check=True).stdout
-    assert "-m attnres.torchrun --standalone --nproc_per_node=1 -m attnres.train -- --run-id" in out
+    assert "-m attnres.runs.torchrun --standalone --nproc_per_node=1 -m attnres.train -- --run-id" in out
     assert not (workdir / "runs.db").exists()
 
 

@@ -16,11 +16,11 @@ import pytest
 from conftest import FAST, LONG, attnres, runs, train_steps, wait_for
 from sqlalchemy.exc import OperationalError
 
-from attnres.backends.local import process_alive
+from attnres.runs.backends.local import process_alive
 from attnres.tracking import spool, states, store, writer
 from attnres.tracking.db import get_engine
 from attnres.tracking.writer import MetricWriter
-from attnres.variants import resolve_run
+from attnres.variants.registry import resolve_run
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 
 from attnres.tracking import states, store
 from attnres.tracking.db import get_engine
-from attnres.variants import resolve_run
+from attnres.variants.registry import resolve_run
 
 ACTORS = [states.LAUNCHER, states.TRAINER, states.SUPERVISOR, states.MONITOR, states.USER, states.IMPORTER,
           states.RESTORER]

@@ -11,11 +11,11 @@ import sys
 import pytest
 from conftest import attnres, database_at
 
-from attnres.overview import status_rows
+from attnres.runs.status import status_rows
 from attnres.tracking import spool, states, store
 from attnres.tracking.db import HEAD, check_location, get_engine
 from attnres.tracking.writer import MetricWriter
-from attnres.variants import resolve_run
+from attnres.variants.registry import resolve_run
 
 
 @pytest.fixture
@@ -119,10 +119,10 @@ def test_status_and_variants_answer_without_torch_or_pandas(engine, tmp_path):
 
 
 def test_the_status_reads_name_only_columns_of_the_schema():
-    from attnres.tracking import glance
+    from attnres.tracking import listing
     from attnres.tracking.schema import Base
 
-    for t in (glance.RUNS, glance.METRICS, glance.METRIC_KEYS):
+    for t in (listing.RUNS, listing.METRICS, listing.METRIC_KEYS):
         assert set(t.c.keys()) <= set(Base.metadata.tables[t.name].c.keys()), t.name
 
 

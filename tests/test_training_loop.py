@@ -7,7 +7,7 @@ import pytest
 from attnres.tracking import states
 from attnres.training.distributed import single
 from attnres.training.loop import MemoryRecorder, Preemption, train
-from attnres.variants import resolve_run
+from attnres.variants.registry import resolve_run
 
 SMALL = ["batch_size=2", "eval_batches=1", "warmup=2", "log_every=1"]
 
@@ -99,7 +99,7 @@ def test_a_save_killed_between_any_two_renames_leaves_a_checkpoint_that_damage_t
 
     import torch
 
-    from attnres import checkpoint
+    from attnres.training import checkpoint
 
     model = torch.nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -10,9 +10,9 @@ import torch
 
 from attnres.config import ResidualSpec
 from attnres.errors import AttnresError
-from attnres.model import GPT
-from attnres.residual import DepthAttention
-from attnres.variants import VARIANTS, get_variant, resolve_run
+from attnres.model.gpt import GPT
+from attnres.model.residual import DepthAttention
+from attnres.variants.registry import VARIANTS, get_variant, resolve_run
 
 SMALL = ["vocab_size=97", "d_model=32", "n_head=2", "seq_len=16"]
 
@@ -333,7 +333,7 @@ def test_depth_variants_carry_a_revision_that_separates_their_runs_from_older_on
     older = replace(cb, revision=1)
     assert cb.revision == 2 and cb.config_hash != older.config_hash
     assert RunConfig.from_dict(json.loads(cb.to_json())) == cb
-    from attnres.variants import check_revision
+    from attnres.variants.registry import check_revision
 
     check_revision(cb, 1)
     with pytest.raises(AttnresError, match=r"revision 1 of control_block.*revision 2"):
@@ -368,7 +368,7 @@ def test_launching_a_deep_variant_on_deep48_is_one_line_and_exit_2(workdir):
 
 
 def test_variants_params_at_deep48_lists_the_deep_variants_as_refused():
-    from attnres.variant_info import variant_rows
+    from attnres.variants.describe import variant_rows
 
     rows = {r["variant"]: r for r in variant_rows("deep48")}
     assert rows["control_block"]["shape"] == "48L d1080"

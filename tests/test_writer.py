@@ -12,7 +12,7 @@ from attnres.errors import AttnresError
 from attnres.tracking import spool, states, store
 from attnres.tracking.db import forget_engines, get_engine
 from attnres.tracking.writer import MetricWriter
-from attnres.variants import resolve_run
+from attnres.variants.registry import resolve_run
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ def synthetic_db(url: str, runs: int = 200, steps: int = 6000, variants: int = 1
     """Fill a database with known curves: ``runs`` runs x ``steps`` steps x 5 metrics. Returns rows."""
     from attnres.tracking import states, store
     from attnres.tracking.db import get_engine
-    from attnres.variants import VARIANTS, resolve_run
+    from attnres.variants.registry import VARIANTS, resolve_run
 
     engine = get_engine(url)
     names = [n for n in VARIANTS if not n.startswith("deep")][:variants]

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from attnres.errors import AttnresError
-from attnres.tracking.anchor import raw_sqlite_insert_s
+from attnres.tracking.bench_anchor import raw_sqlite_insert_s
 
 KEYS = ("train_loss", "lr", "grad_norm", "tokens_per_s", "peak_memory_bytes")
 ReportWriter = Callable[..., object]  # reports.build.write_report(engine, out, plots=...)
@@ -34,7 +34,7 @@ ReportWriter = Callable[..., object]  # reports.build.write_report(engine, out, 
 def _new_run(url: str, tmp: Path, status: str = "finished") -> tuple[object, int]:
     from attnres.tracking import states, store
     from attnres.tracking.db import get_engine
-    from attnres.variants import resolve_run
+    from attnres.variants.registry import resolve_run
 
     engine = get_engine(url)
     cfg = resolve_run("standard", "tiny", 1, [f"steps={10**9}"])

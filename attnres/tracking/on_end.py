@@ -77,9 +77,9 @@ def cell(variant: str, preset: str, config_json: str | None,
     """The settings a run was launched with beyond its variant's defaults at its preset (its ``--set`` values),
     and every setting swept in its launch (``siblings``: (variant, config) of the launch's runs), by their
     ``--set`` names: a sweep's cell, even at a value that is the default."""
-    from attnres import grid
     from attnres.errors import AttnresError
-    from attnres.variants import default_settings
+    from attnres.runs import grid
+    from attnres.variants.registry import default_settings
 
     mine = grid.settings(config_json)
     swept = set(grid.swept_keys((v, grid.settings(c)) for v, c in siblings))

@@ -16,7 +16,7 @@ from sqlalchemy import Engine, func, select
 from attnres.tracking import depth_maps, store
 from attnres.tracking.schema import Metric, MetricKey, MetricSummary
 from attnres.tracking.states import EARLY
-from attnres.variants import superseded
+from attnres.variants.registry import superseded
 
 CURVE_POINTS = 200
 FULL_CURVES_UP_TO = 200_000  # eval rows; above this, curves are thinned

@@ -20,9 +20,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from attnres import grid, paths
+from attnres import paths
 from attnres.config import RunConfig
 from attnres.errors import AttnresError
+from attnres.runs import grid
 from attnres.tracking import depth_maps, states
 from attnres.tracking.db import db_identity
 from attnres.tracking.schema import DepthWeight, Metric, MetricKey, MetricSummary, Run

@@ -21,15 +21,16 @@ from typing import Protocol
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from attnres import checkpoint, paths
+from attnres import paths
 from attnres.config import RunConfig, TrainConfig
 from attnres.data.loader import TokenShards, TrainLoader, eval_batches
 from attnres.logline import say
-from attnres.lr_schedule import lr_at
-from attnres.model import GPT
-from attnres.optim import build_optimizer
+from attnres.model.gpt import GPT
 from attnres.tracking import depth_maps, states
+from attnres.training import checkpoint
 from attnres.training.distributed import Dist, agree, all_mean, device_model, sum_over_ranks
+from attnres.training.lr_schedule import lr_at
+from attnres.training.optim import build_optimizer
 
 #: besides the eval lines, rank 0 prints a progress line on an attempt's first step and then whenever this many
 #: seconds passed since its last printed line, so that a run's log shows it going within seconds

@@ -5,7 +5,7 @@ group), ``CUDA_VISIBLE_DEVICES`` for the GPUs assigned to it, and its own log fi
 ends, the queue (the run's supervisor) settles the run: it ingests what the trainer could not
 write, and a run whose trainer recorded no end is failed with its exit code and last log lines.
 
-    python -m attnres.backends.local --db URL --runs 3 4 5 [--gpus-per-run 1] [--nproc 1]
+    python -m attnres.runs.backends.local --db URL --runs 3 4 5 [--gpus-per-run 1] [--nproc 1]
 
 is what ``attnres launch --detach`` starts in the background: it outlives the terminal.
 """
@@ -31,7 +31,10 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from attnres import paths
-from attnres.backends import (
+from attnres.durations import duration
+from attnres.errors import AttnresError
+from attnres.logline import say
+from attnres.runs.backends import (
     ALIVE,
     GONE,
     UNKNOWN,
@@ -43,11 +46,8 @@ from attnres.backends import (
     silence,
     trainer_command,
 )
-from attnres.backends.processes import kill_grace_s, kill_tree, process_alive
-from attnres.backends.slots import Slots
-from attnres.durations import duration
-from attnres.errors import AttnresError
-from attnres.logline import say
+from attnres.runs.backends.processes import kill_grace_s, kill_tree, process_alive
+from attnres.runs.backends.slots import Slots
 from attnres.tracking import completeness, spool, states, store
 from attnres.tracking.db import check_location, get_engine, normalize_url
 from attnres.tracking.schema import Run
@@ -299,7 +299,7 @@ def start_detached(db: str | None, run_ids: Sequence[int], nproc: int, gpus_per_
     """Start the queue in the background (new session, output to a log); return its pid."""
     log = paths.queue_log(run_ids[0])
     log.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "attnres.backends.local", "--db", normalize_url(db), "--nproc", str(nproc),
+    cmd = [sys.executable, "-m", "attnres.runs.backends.local", "--db", normalize_url(db), "--nproc", str(nproc),
            "--gpus-per-run", str(gpus_per_run), "--runs", *map(str, run_ids)]
     with log.open("ab") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -386,7 +386,7 @@ class LocalBackend(Backend):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="attnres.backends.local", description="run queued attnres runs")
+    p = argparse.ArgumentParser(prog="attnres.runs.backends.local", description="run queued attnres runs")
     p.add_argument("--db", required=True)
     p.add_argument("--runs", type=int, nargs="+", required=True)
     p.add_argument("--nproc", type=int, default=1)

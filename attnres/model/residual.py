@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnres.config import ResidualSpec
-from attnres.depth_attend import attend, rms_rsqrt
+from attnres.model.depth_attend import attend, rms_rsqrt
 
 Step = Callable[[Tensor], Tensor]
 
@@ -77,10 +77,10 @@ class DepthAttention(nn.Module):
     The sites of one block share their completed sources, so they are attended together in one
     kernel call when the block starts (their queries do not depend on the input). Each site then
     merges its own sources (the block's partial state, the window) by an online-softmax update.
-    See :mod:`attnres.depth_attend` for what is saved for backward.
+    See :mod:`attnres.model.depth_attend` for what is saved for backward.
     """
 
-    #: What each parameter is, for the optimizer's weight-decay groups (attnres.optim): vectors that
+    #: What each parameter is, for the optimizer's weight-decay groups (attnres.training.optim): vectors that
     #: steer the softmax are not decayed, weight matrices are.
     PARAM_ROLES: ClassVar[dict[str, str]] = {
         "query": "query", "key_gain": "key_gain", "alibi_slope": "alibi_slope",

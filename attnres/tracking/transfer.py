@@ -50,9 +50,9 @@ from sqlalchemy import Engine
 
 from attnres import outputs
 from attnres.errors import AttnresError
-from attnres.planning import EXPERIMENT_NAME
+from attnres.runs.planning import EXPERIMENT_NAME
 from attnres.tracking import depth_maps, imports, states, store
-from attnres.variants import canonical
+from attnres.variants.registry import canonical
 
 REQUIRED = ["variant", "seed", "step", "key", "value"]
 SCOPE = ["preset", "experiment", "total_steps"]  # the columns that scope a report, part of a run's identity

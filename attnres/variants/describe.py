@@ -6,7 +6,7 @@ import functools
 from typing import TYPE_CHECKING
 
 from attnres.errors import AttnresError
-from attnres.variants import ALIASES, VARIANTS, resolve_run
+from attnres.variants.registry import ALIASES, VARIANTS, resolve_run
 
 if TYPE_CHECKING:
     from attnres.config import ModelConfig
@@ -31,7 +31,7 @@ REFERENCE = "control_block"
 
 def changes(name: str) -> str:
     """Exactly what a variant changes against control_block, from its traits (every field of its spec)."""
-    from attnres.traits import traits_of
+    from attnres.variants.traits import traits_of
 
     if name == REFERENCE:
         return "— (the reference: block AttnRes as the results document runs it)"
@@ -77,7 +77,7 @@ def model_params(cfg: ModelConfig) -> dict[str, int]:
     meta device: no memory, whatever the size (and once per shape in a process: every report counts them)."""
     import torch
 
-    from attnres.model import GPT
+    from attnres.model.gpt import GPT
 
     with torch.device("meta"):
         model = GPT(cfg)

@@ -24,12 +24,12 @@ import torch
 from sqlalchemy import Engine
 from torch import Tensor, nn
 
-from attnres import depth_attend
 from attnres.errors import AttnresError
-from attnres.model import GPT
-from attnres.optim import build_optimizer
+from attnres.model import depth_attend
+from attnres.model.gpt import GPT
 from attnres.training.distributed import device_model
-from attnres.variants import canonical, resolve_run
+from attnres.training.optim import build_optimizer
+from attnres.variants.registry import canonical, resolve_run
 
 #: The issue's targets: (tokens/s ratio to standard, saved-activation ratio to standard).
 TARGETS: dict[str, tuple[float, float | None]] = {

@@ -1,4 +1,4 @@
-"""Depth attention in Triton: the forward and backward of :class:`attnres.depth_attend._Attend` for GPUs.
+"""Depth attention in Triton: the forward and backward of :class:`attnres.model.depth_attend._Attend` for GPUs.
 
 The same contract as the PyTorch and C paths (per-site and shared queries, the key norm's gain folded
 into the query, per-token queries, ALiBi bias, key and value scales of scaled means, a value
@@ -46,13 +46,13 @@ def requested() -> str:
 def _kernels() -> tuple[object, object] | None:
     """The compiled (forward, backward) kernels, or None where Triton is not installed."""
     try:
-        from attnres import depth_attend_triton as jit
+        from attnres.model import triton_kernel as jit
     except ImportError:
         return None
     return jit.forward_kernel, jit.backward_kernel
 
 
-_force: bool | None = None  # set while a self-check runs both paths (attnres.depth_attend.triton_self_check)
+_force: bool | None = None  # set while a self-check runs both paths (attnres.model.depth_attend.triton_self_check)
 
 
 @torch.compiler.assume_constant_result
@@ -80,7 +80,7 @@ def forced(on: bool) -> Iterator[None]:
 def applies(tensors: Sequence[Tensor]) -> bool:
     """Whether this call may take the Triton path: asked for (or ``auto`` on CUDA), Triton importable,
     every tensor on one device and of a dtype the kernels take; CPU tensors only in the interpreter.
-    (:mod:`attnres.depth_attend` also has the kernel pass its self-check on the device first.)"""
+    (:mod:`attnres.model.depth_attend` also has the kernel pass its self-check on the device first.)"""
     if _force is not None:
         return _force
     want = requested()
@@ -155,7 +155,7 @@ def backward(u: Tensor, rs: Tensor, w: Tensor, dots: Tensor, ks: Tensor | None, 
              ) -> tuple[Tensor, Tensor | None, Tensor | None, list[Tensor], list[Tensor]]:
     """(d_logit (N, n, S), d_prior, d_prior_lse, d_keys, d_values) through the custom op
     ``attnres::depth_attend_backward``; the sums over tokens (the query's and the bias's gradients)
-    are left to :mod:`attnres.depth_attend`, as on its other paths."""
+    are left to :mod:`attnres.model.depth_attend`, as on its other paths."""
     d_logit, d_prior, d_prior_lse, d_keys, d_values = _backward_op(
         u, rs, w, dots, ks, vs, list(keys), list(values) if has_values else [], list(outs) if has_prior else [],
         list(g_out), g_lse, per_token)

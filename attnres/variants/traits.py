@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from attnres.config import ResidualSpec
-from attnres.variants import BLOCK, VARIANTS, Variant
+from attnres.variants.registry import BLOCK, VARIANTS, Variant
 
 HELPS, COSTS_LITTLE = "helps", "costs little"
 _PLAIN = BLOCK  # the plain choices: the registry's block spec, which control_block is

@@ -2,7 +2,7 @@
 
 A :class:`LaunchRequest` holds everything ``attnres launch`` was asked, validated before anything
 is recorded (bad input is one line, exit 2). :func:`plan` expands it into variant x swept values x seed
-cells (``--set lr=1e-3,3e-3``: :mod:`attnres.grid`) and decides for each from the database: run it,
+cells (``--set lr=1e-3,3e-3``: :mod:`attnres.runs.grid`) and decides for each from the database: run it,
 skip it (it finished with the same config, or is queued or running), or continue an interrupted run
 of the same config from its checkpoint.
 """
@@ -22,13 +22,14 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
-from attnres import backends, grid, paths
-from attnres.backends import Placement
+from attnres import paths
 from attnres.config import RunConfig
 from attnres.data.prepare import BUILTIN, ensure_builtin, read_manifest
 from attnres.errors import AttnresError
+from attnres.runs import backends, grid
+from attnres.runs.backends import Placement
 from attnres.tracking import states, store
-from attnres.variants import canonical, resolve_run
+from attnres.variants.registry import canonical, resolve_run
 
 EXPERIMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # A seed every part of a run takes: torch.manual_seed and numpy's generators (the loader's) take 0 to 2**32 - 1,
@@ -182,7 +183,7 @@ def placement_warning(backend: str, placement: Placement) -> str | None:
     its GPU count only when a GPU driver is loaded and several GPUs per run are asked for."""
     if backend != "local" or placement.gpus_per_run <= 1:
         return None
-    from attnres.backends.local import gpu_driver_loaded, visible_gpus
+    from attnres.runs.backends.local import gpu_driver_loaded, visible_gpus
 
     if gpu_driver_loaded() and visible_gpus():
         return None  # (fewer GPUs than asked for: the queue refuses that itself)

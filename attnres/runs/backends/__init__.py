@@ -26,8 +26,8 @@ from attnres.tracking.schema import Run
 
 #: name -> "module:Class" (imported when first used, so a backend's dependencies stay optional)
 REGISTRY: dict[str, str] = {
-    "local": "attnres.backends.local:LocalBackend",
-    "slurm": "attnres.backends.slurm:SlurmBackend",
+    "local": "attnres.runs.backends.local:LocalBackend",
+    "slurm": "attnres.runs.backends.slurm:SlurmBackend",
 }
 
 
@@ -178,11 +178,11 @@ def trainer_command(run_id: int | str, db_url: str, nproc: int = 1, rendezvous: 
     """The command that trains one run (an argument list; no shell is involved).
 
     Without ``rendezvous`` arguments it is a standalone torchrun on this machine. torchrun runs through
-    :mod:`attnres.torchrun` (torchrun's own code, which skips the interpreter's teardown once
+    :mod:`attnres.runs.torchrun` (torchrun's own code, which skips the interpreter's teardown once
     the run succeeded).
     """
     rdzv = list(rendezvous) or ["--standalone"]
-    return [sys.executable, "-m", "attnres.torchrun", *rdzv, f"--nproc_per_node={nproc}",
+    return [sys.executable, "-m", "attnres.runs.torchrun", *rdzv, f"--nproc_per_node={nproc}",
             "-m", "attnres.train", "--", "--run-id", str(run_id), "--db", db_url]
 
 

@@ -1,4 +1,4 @@
-"""The Triton kernels of depth attention (called through :mod:`attnres.gpu_kernel`, which says what they do).
+"""The Triton kernels of depth attention (called through :mod:`attnres.model.gpu_kernel`, which says what they do).
 
 Layouts (all contiguous): sources (N, D), read through tables of their addresses; queries ``u``
 (n_u, S, D), or (n_u, N, D) per token; ``rs`` (N, n); ``bias`` (n, S); scales (n,); ``lse`` (N, S);

@@ -2,7 +2,7 @@
 
 One readable file in the spirit of nanoGPT's model.py. The residual path is not written here:
 the model turns its layers into a list of depth steps and hands them to the residual module
-chosen by ``config.residual`` (see :mod:`attnres.residual`).
+chosen by ``config.residual`` (see :mod:`attnres.model.residual`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnres.config import ModelConfig
-from attnres.residual import build_residual
+from attnres.model.residual import build_residual
 
 
 class RMSNorm(nn.Module):
-    PARAM_ROLES: ClassVar[dict[str, str]] = {"weight": "norm"}  # no weight decay (attnres.optim)
+    PARAM_ROLES: ClassVar[dict[str, str]] = {"weight": "norm"}  # no weight decay (attnres.training.optim)
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()

@@ -1,7 +1,7 @@
 """The verbs that act on runs: launch, resume, kill, reconcile, sync.
 
-Each is planning (:mod:`attnres.planning`), state changes (:mod:`attnres.tracking.states`) and a
-backend (:mod:`attnres.backends`) put together; the CLI calls these and renders what they return.
+Each is planning (:mod:`attnres.runs.planning`), state changes (:mod:`attnres.tracking.states`) and a
+backend (:mod:`attnres.runs.backends`) put together; the CLI calls these and renders what they return.
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
-from attnres import backends, grid, paths
-from attnres.backends import Placement, Submitted
+from attnres import paths
 from attnres.config import RunConfig
 from attnres.errors import AttnresError
 from attnres.logline import say
-from attnres.planning import LaunchRequest, PlannedRun, check_data, git_commit
+from attnres.runs import backends, grid
+from attnres.runs.backends import Placement, Submitted
+from attnres.runs.planning import LaunchRequest, PlannedRun, check_data, git_commit
 from attnres.tracking import launches, mirror_marks, spool, states, store
-from attnres.variants import check_revision
+from attnres.variants.registry import check_revision
 
 #: what reopening a run clears: the end and the message of its last attempt
 _REOPENED = {"ended_at": None, "exit_code": None, "message": None, "stop_step": None, "agent_pid": None,
@@ -182,7 +183,7 @@ def reopen(engine: Engine, run_ids: Sequence[int], restart: bool = False) -> tup
             raise AttnresError(f"run {r.id}'s config is already queued or running as another run") from None
         if not reopened:
             raise AttnresError(f"run {r.id} changed meanwhile (now {store.status_of(engine, r.id)}); try again")
-        from attnres import checkpoint  # (torch: only a resume needs it)
+        from attnres.training import checkpoint  # (torch: only a resume needs it)
 
         folder = paths.checkpoints_dir(r.id)
         hole = _first_hole(engine, r)

@@ -16,8 +16,8 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from attnres import paths
-from attnres.backends import ALIVE, GONE, UNKNOWN, Backend, Placement, Submitted, silence, trainer_command
 from attnres.errors import AttnresError
+from attnres.runs.backends import ALIVE, GONE, UNKNOWN, Backend, Placement, Submitted, silence, trainer_command
 from attnres.tracking import store
 from attnres.tracking.schema import Run
 from attnres.tracking.states import RUNNING

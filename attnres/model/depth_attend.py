@@ -24,8 +24,8 @@ enters as a *prior* with log-sum-exp ``lse``.
 Three implementations compute the forward and backward: PyTorch ops (any device; logits, softmax and
 the mix in float32 or wider whatever the sources' dtype, though under autocast the residual module
 hands it float32 sources anyway); on CPU, for float32 and float64, a fused C kernel
-(``depth_attend.c``, built by :mod:`attnres.cpu_kernel`); and on CUDA a Triton kernel
-(``depth_attend_triton.py``, called by :mod:`attnres.gpu_kernel` through custom ops, so that
+(``depth_attend.c``, built by :mod:`attnres.model.cpu_kernel`); and on CUDA a Triton kernel
+(``depth_attend_triton.py``, called by :mod:`attnres.model.gpu_kernel` through custom ops, so that
 ``torch.compile`` keeps the model one graph), which the tests run on CPU in Triton's interpreter.
 Eager PyTorch makes about ten passes over a (tokens x d_model) tensor per (site, source) pair; the
 kernels read each source a tile of tokens at a time. All save the same tensors and are checked
@@ -42,8 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnres import cpu_kernel, gpu_kernel
 from attnres.logline import say
+from attnres.model import cpu_kernel, gpu_kernel
 
 
 def rms_rsqrt(x: Tensor, eps: float, scale: float = 1.0) -> Tensor:

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 
-from attnres import grid
 from attnres.durations import duration
-from attnres.tracking import completeness, glance, states
-from attnres.variants import superseded
+from attnres.runs import grid
+from attnres.tracking import completeness, listing, states
+from attnres.variants.registry import superseded
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -34,10 +34,10 @@ def status_rows(engine: Engine, experiment: str | None = None, preset: str | Non
     Plain rows and primary-key lookups (no ORM, no pandas, no torch): the command answers at once
     however many runs and metric rows the database holds.
     """
-    runs, total = glance.status_runs(engine, experiment, preset, recent)
+    runs, total = listing.status_runs(engine, experiment, preset, recent)
     if completeness.check(engine, runs, states.MONITOR):  # a finished run with holes is shown incomplete
-        runs, total = glance.status_runs(engine, experiment, preset, recent)
-    last = glance.latest_values(engine, [int(r["id"]) for r in runs], KEYS)
+        runs, total = listing.status_runs(engine, experiment, preset, recent)
+    last = listing.latest_values(engine, [int(r["id"]) for r in runs], KEYS)
     cells = grid.cell_labels([(r["experiment"], r["preset"], r["total_steps"]) for r in runs],
                              [str(r["variant"]) for r in runs], [grid.settings(r["config_json"]) for r in runs])
     rows = []
@@ -61,7 +61,7 @@ def status_rows(engine: Engine, experiment: str | None = None, preset: str | Non
 
 def silent(status: object, heartbeat_at: object, now: datetime | None = None) -> str:
     """`` (no heartbeat for 2m10s)`` for a running run not heard from for longer than a live one can be silent
-    (``$ATTNRES_STALE_AFTER_S``, default :data:`attnres.backends.HEARTBEAT_SILENCE_S`), '' otherwise.
+    (``$ATTNRES_STALE_AFTER_S``, default :data:`attnres.runs.backends.HEARTBEAT_SILENCE_S`), '' otherwise.
 
     A run on this host stays running while its process lives, however old its heartbeat (a locked database
     stops heartbeats, not training), and a run elsewhere until the monitor judges it: its status alone would hide
@@ -69,7 +69,7 @@ def silent(status: object, heartbeat_at: object, now: datetime | None = None) ->
     """
     if status != states.RUNNING or heartbeat_at is None:
         return ""
-    from attnres.backends import HEARTBEAT_SILENCE_S  # (imported already: a running run made status reconcile)
+    from attnres.runs.backends import HEARTBEAT_SILENCE_S  # (imported already: a running run made status reconcile)
 
     try:
         beat = heartbeat_at if isinstance(heartbeat_at, datetime) else datetime.fromisoformat(str(heartbeat_at))
@@ -94,8 +94,8 @@ def reconcile(engine: Engine) -> None:
     The backends (and the ORM they write through) are imported only when some run is active: a
     finished grid's status needs neither.
     """
-    if glance.any_active(engine):
-        from attnres import backends
+    if listing.any_active(engine):
+        from attnres.runs import backends
 
         backends.reconcile(engine)
 
@@ -142,7 +142,7 @@ def slot_waits(rows: list[dict[str, object]]) -> list[str]:
     another database, its queue's pid, since when), read from the slot files; none when no run is queued."""
     if not any(str(r["status"]).split()[0] == states.QUEUED for r in rows):
         return []
-    from attnres.backends.slots import holders  # (psutil: only when a run is queued)
+    from attnres.runs.backends.slots import holders  # (psutil: only when a run is queued)
 
     held = holders()
     if not held:

@@ -1,6 +1,6 @@
 """``torchrun`` itself (``torch.distributed.run``'s ``main``), leaving without the interpreter's teardown.
 
-    python -m attnres.torchrun --standalone --nproc_per_node=2 -m attnres.train -- --run-id 3 --db runs.db
+    python -m attnres.runs.torchrun --standalone --nproc_per_node=2 -m attnres.train -- --run-id 3 --db runs.db
 
 takes exactly torchrun's arguments and runs torchrun's own code: the elastic agent, its rendezvous,
 its worker supervision and signal forwarding are unchanged. Only when every worker succeeded does

@@ -1,0 +1,1 @@
+"""The variant registry (registry.py), each variant's traits, and what `attnres variants` shows."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from attnres import outputs
 from attnres.errors import AttnresError
+from attnres.runs import DEFAULT_BACKEND
 from cli.app import (
     BudgetOpt,
     CellOpt,
@@ -78,7 +78,7 @@ def launch(
     kill_if_worse_than: Annotated[str | None, typer.Option(help="early-stop rule: baseline variant")] = None,
     by: Annotated[float, typer.Option(help="early-stop rule: margin in eval loss")] = 0.1,
     at_step: Annotated[int | None, typer.Option(min=1, help="early-stop rule: eval step to check")] = None,
-    backend: Annotated[str, typer.Option(help="where runs execute: local | slurm")] = "local",
+    backend: Annotated[str, typer.Option(help="where runs execute: local | slurm")] = DEFAULT_BACKEND,
     partition: Annotated[str | None, typer.Option(help="SLURM partition")] = None,
     nodes: Annotated[int, typer.Option(min=1, help="SLURM nodes per run")] = 1,
     gpus_per_node: Annotated[int, typer.Option(min=0, help="SLURM GPUs per node (0: CPU, --nproc ranks)")] = 0,
@@ -95,8 +95,8 @@ def launch(
     """Train every VARIANT x swept value x seed with torchrun, recording runs and metrics in the database.
 
     `--set lr=3e-4,1e-3` sweeps a setting (several swept settings make a product)."""
-    from attnres.runs import orchestrator, planning
-    from attnres.runs.backends import Placement, trainer_command
+    from attnres.runs import backends, orchestrator, planning
+    from attnres.runs.backends import Placement
     from attnres.tracking.db import get_engine, normalize_url
 
     placement = Placement(nproc, gpus_per_run, nodes, gpus_per_node, partition, time_limit,
@@ -113,9 +113,9 @@ def launch(
     cells = planning.plan(engine, req)
     for c in cells:
         show_cell(c)
-        if dry_run and not c.skip:
-            cmd = trainer_command(c.run_id or "{run_id}", url, nproc)
-            console.print("  " + shlex.join(cmd), soft_wrap=True, markup=False)
+        if dry_run and not c.skip:  # what the backend would run: a torchrun command here, a job script on SLURM
+            for line in backends.get(req.backend).describe(c.run_id or "{run_id}", url, req.placement):
+                console.print("  " + line, soft_wrap=True, markup=False, highlight=False)
     if dry_run or all(c.skip for c in cells):
         return
     submit(engine, lambda bars: orchestrator.launch(engine, url, req, cells, detach=detach, on_queued=bars.watch)[1])
@@ -139,7 +139,7 @@ def resume(
     restart: Annotated[bool, typer.Option(help="start over from step 0 (checkpoints are set aside, kept)")] = False,
     db: DbOpt = None,
 ) -> None:
-    """Continue interrupted runs (failed, killed, preempted) from their last checkpoint."""
+    """Continue interrupted runs (failed, killed, preempted, incomplete) from their last checkpoint."""
     from attnres.runs import orchestrator
     from attnres.tracking.db import get_engine, normalize_url
 
@@ -176,29 +176,14 @@ def logs(
     db: DbOpt = None,
 ) -> None:
     """Show a run's log (stdout and stderr of its torchrun job)."""
-    import time
-
-    from attnres.runs.status import missing_log
+    from attnres.runs import backends
     from attnres.tracking import store
     from attnres.tracking.db import get_engine
-    from attnres.tracking.states import ACTIVE
 
     engine = get_engine(db, create=False)
     r = store.get_run(engine, run)
-    path = Path(r.log_path) if r.log_path else None
-    if path is None or not path.exists():
-        raise AttnresError(missing_log(run, r.log_path, r.started_at is not None or r.exit_code is not None))
-    with path.open(errors="replace") as fh:
-        for line in fh.readlines()[-lines:]:
-            console.print(line.rstrip("\n"), markup=False, highlight=False)
-        while follow:
-            line = fh.readline()
-            if line:
-                console.print(line.rstrip("\n"), markup=False, highlight=False)
-                continue
-            if store.get_run(engine, run).status not in ACTIVE:
-                break
-            time.sleep(0.5)
+    for line in backends.get(backends.backend_of(r)).logs(engine, r, lines, follow):
+        console.print(line, markup=False, highlight=False)
 
 
 @app.command()
@@ -229,7 +214,7 @@ def status(
 
         try:
             while True:
-                reconcile(engine)
+                reconcile(engine, experiment, preset, recent=0)
                 header, rows = grid_rows(engine, experiment, preset)
                 active, _ = status_runs(engine, experiment, preset, recent=0)  # recent=0: the active runs only
                 widths = [max(len(r[i]) for r in [header, *rows] if i < len(r)) for i in range(len(header))]
@@ -248,7 +233,7 @@ def status(
         from rich.live import Live
 
         def render() -> Table:
-            reconcile(engine)
+            reconcile(engine, experiment, preset, recent=0)
             header, rows = grid_rows(engine, experiment, preset)
             table = Table(title="attnres grid (Ctrl-C to leave)")
             for col in header:
@@ -264,7 +249,7 @@ def status(
                     live.update(render())
         except KeyboardInterrupt:
             return
-    reconcile(engine)
+    reconcile(engine, experiment, preset, None if all_ else RECENT)  # the one step of status that writes
     rows, total = status_rows(engine, experiment, preset, None if all_ else RECENT)
     if not rows:
         console.print("no runs match the filter" if experiment or preset
@@ -296,6 +281,8 @@ def report(
                                                        "latest all compared variants reached)")] = None,
     plots: Annotated[bool, typer.Option(help="write PNG figures beside --out, in a folder named after it "
                                         "(attnres-results_figures/)")] = True,
+    figures: Annotated[Path | None, typer.Option(help="folder for the PNG figures instead (linked from the "
+                                                 "document by their relative path)")] = None,
     experiment: ExperimentOpt = None,
     preset: PresetOpt = None,
     budget: BudgetOpt = None,
@@ -314,7 +301,8 @@ def report(
     from reports.build import write_report
 
     pick = parse_pick(set_ or [])
-    write_report(engine, out, canonical(baseline), step, plots, experiment, preset, budget, data, pick, tuned)
+    write_report(engine, out, canonical(baseline), step, plots, experiment, preset, budget, data, pick, tuned,
+                 figures=figures)
     console.print(f"wrote {out}")
 
 

@@ -79,13 +79,19 @@ def submit(engine: object, start: Callable[[RunBars], Submitted]) -> None:
 
 
 def print_frame(df: object, title: str, floatfmt: str = "") -> None:
-    """A DataFrame as a rich table; its cells are data, never markup."""
+    """A DataFrame as a rich table; its cells are data, never markup. A table that carries its numbers' formats
+    (compare's: :func:`reports.numbers.formats`) is written by them, as its markdown is (``floatfmt`` unused)."""
     import pandas as pd
 
     assert isinstance(df, pd.DataFrame)
+    align = ["right" if pd.api.types.is_numeric_dtype(df[col]) else "left" for col in df.columns]
+    if "formats" in df.attrs:
+        from reports.numbers import as_text
+
+        df = as_text(df)
     table = Table(title=title)
-    for col in df.columns:
-        table.add_column(str(col), justify="right" if pd.api.types.is_numeric_dtype(df[col]) else "left")
+    for col, justify in zip(df.columns, align, strict=True):
+        table.add_column(str(col), justify=justify)
     for row in df.itertuples(index=False):
         table.add_row(*[Text(format(v, floatfmt) if floatfmt and isinstance(v, float) else str(v)) for v in row])
     console.print(table)

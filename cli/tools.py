@@ -284,13 +284,12 @@ def data_prepare(
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[rate]}"),
                   TimeElapsedColumn(), console=console) as bar:
         task = bar.add_task("tokenizing", total=max_tokens or None, rate="")
-        started = {"t": None}
+        import time
+
+        started = time.perf_counter()  # (the rate over the whole tokenizing, not since its first report)
 
         def on_progress(docs: int, tokens: int) -> None:
-            import time
-
-            started["t"] = started["t"] or time.perf_counter()
-            rate = tokens / max(1e-9, time.perf_counter() - started["t"])
+            rate = tokens / max(1e-3, time.perf_counter() - started)
             bar.update(task, completed=tokens, rate=f"{docs:,} docs, {tokens:,} tok, {rate:,.0f} tok/s")
 
         summary = prepare(src, target, shard_tokens=shard_tokens, force=force, on_progress=on_progress,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -161,15 +162,17 @@ def launch_plans(engine: Engine) -> dict[int, dict]:
 def write_report(engine: Engine, out: Path, baseline: str = "standard", step: int | None = None,
                  plots: bool = True, experiment: str | None = None, preset: str | None = None,
                  budget: int | None = None, data: str | None = None, pick: dict[str, str] | None = None,
-                 tuned: str | None = None, max_seeds: int = MAX_SEEDS) -> str:
-    """Build the document of one scope from the database; write it (and PNGs under ``reports/`` beside it).
+                 tuned: str | None = None, max_seeds: int = MAX_SEEDS, figures: Path | None = None) -> str:
+    """Build the document of one scope from the database; write it, and its PNGs into ``figures`` (default: a
+    folder named after it, beside it), linked from the document by their path relative to it.
 
     ``pick`` chooses a cell of a sweep (``--set lr=1e-3``); ``tuned`` compares each variant at its best
     value of a swept setting (``--tuned lr``).
     """
     outputs.check(out, example="attnres-results.md")
+    folder = figures or figures_folder(out)
     if plots:
-        outputs.check(figures_folder(out), folder=True)
+        outputs.check(folder, folder=True)
     runs, scope, others = _scoped(engine, experiment, preset, budget, baseline, data, pick, tuned)
     notes = []
     if tuned is not None and baseline not in set(runs["variant"]) and runs["variant"].nunique() == 1:
@@ -191,7 +194,7 @@ def write_report(engine: Engine, out: Path, baseline: str = "standard", step: in
     try:
         before, after, analysis = report_parts(inp)  # first the text: bad data fails here, before any file is written
         if plots:
-            inp.figures = _figures(inp, figures_folder(out), analysis)
+            inp.figures = _figures(inp, folder, analysis, Path(os.path.relpath(folder, out.parent)))
         text = assemble(before, inp.figures, after)
     except ReportError as exc:
         raise AttnresError(f"cannot build the report: {exc}") from None
@@ -256,13 +259,13 @@ def figures_folder(out: Path) -> Path:
     return out.parent / f"{out.stem}_figures"
 
 
-def _figures(inp: Inputs, folder: Path, analysis: Analysis) -> dict[str, str]:
-    """Draw the document's figures into ``folder``; returns {caption: path relative to the document}."""
+def _figures(inp: Inputs, folder: Path, analysis: Analysis, link: Path) -> dict[str, str]:
+    """Draw the document's figures into ``folder`` (``link`` from the document); returns {caption: link}."""
     figures = {}
     intervals = {v: c.ci for v, c in analysis.by_variant.items()}
     _save(delta_curves(inp.runs, inp.evals, inp.baseline, deep=set(inp.deep), bands=bands(analysis)),
           folder / "delta_curves.png")
-    figures["Δ eval loss vs the baseline over steps"] = f"{folder.name}/delta_curves.png"
+    figures["Δ eval loss vs the baseline over steps"] = (link / "delta_curves.png").as_posix()
     shallow = [v for v in sorted(set(inp.runs["variant"])) if v not in inp.deep]
     choice = choose(inp.runs, inp.evals, shallow, inp.baseline, inp.step)
     if choice is not None:
@@ -273,12 +276,13 @@ def _figures(inp: Inputs, folder: Path, analysis: Analysis) -> dict[str, str]:
         # throughputs recorded under different conditions measure the machine: no figure sets them side by side
         if inp.baseline in set(table["variant"]) and costs.alike(sets, [], costs.fields_for(sets)[0]):
             _save(throughput_vs_delta(table, inp.baseline, intervals), folder / "throughput_vs_delta.png")
-            figures[f"Throughput vs eval-loss Δ at step {choice.step:,}"] = f"{folder.name}/throughput_vs_delta.png"
+            caption = f"Throughput vs eval-loss Δ at step {choice.step:,}"
+            figures[caption] = (link / "throughput_vs_delta.png").as_posix()
     if not inp.maps.empty:
         named = inp.maps.merge(inp.runs[["id", "variant"]], left_on="run_id", right_on="id")
         last = {v: g[g["step"] == g["step"].max()] for v, g in sorted(named.groupby("variant"), key=lambda kv: kv[0])}
         _save(depth_heatmaps(last), folder / "depth_maps.png")
-        figures["Depth-attention maps (last eval)"] = f"{folder.name}/depth_maps.png"
+        figures["Depth-attention maps (last eval)"] = (link / "depth_maps.png").as_posix()
     return figures
 
 

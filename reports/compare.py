@@ -12,6 +12,21 @@ from statsmodels.stats.multitest import multipletests
 from attnres.config import flatten
 from reports import costs
 from reports.escape import cell_text, markdown_table
+from reports.numbers import (
+    DELTA,
+    SPREAD,
+    STAT,
+    as_text,
+    count,
+    delta,
+    formats,
+    gib,
+    loss,
+    num,
+    p_value,
+    text,
+    throughput_text,
+)
 from reports.stats import (
     ALPHA,
     PAIRED,
@@ -28,7 +43,6 @@ from reports.stats import (
     test_p,
     versus,
 )
-from reports.tables import num
 
 
 def aligned_evals(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
@@ -45,7 +59,10 @@ def aligned_evals(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str]) 
     first = variants[0]
     for v in variants[1:]:
         wide[f"Δ {v}"] = wide[v] - wide[first]
-    return wide.reset_index()
+    wide.index = wide.index.astype(int)
+    out = wide.reset_index()
+    return formats(out, {"step": count} | dict.fromkeys(variants, loss)
+                   | dict.fromkeys([f"Δ {v}" for v in variants[1:]], delta))
 
 
 def seed_stats(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str], step: int) -> pd.DataFrame:
@@ -69,9 +86,9 @@ def seed_stats(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str], ste
         tested = v != variants[0] and len(mine) >= 2 and len(ref) >= 2
         test = (f"paired ({len(mine)} pairs)" if design(mine, ref) == PAIRED else WELCH) if tested else ""
         p = test_p(mine, ref) if tested and not flat(mine, ref) else math.nan
-        delta = mean - float(np.mean(list(ref.values()))) if ref and mine else math.nan
+        diff = mean - float(np.mean(list(ref.values()))) if ref and mine else math.nan
         rows.append({"variant": v, "seeds": len(mine), "mean": mean, "std": std, "ci_low": lo, "ci_high": hi,
-                     "delta": delta, "test": test, "p": p, "_arms": (mine, ref),
+                     "delta": diff, "test": test, "p": p, "_arms": (mine, ref),
                      "welch_t": ev["t"], "welch_p": ev["p"], "paired_n": ev["pairs"],
                      "paired_t": ev["paired_t"], "paired_p": ev["paired_p"], "seeds_needed": ev["seeds_needed"],
                      "seeds_if_sd_80pct_high": ev["seeds_upper"], "seeds_for_test": ev["design"]})
@@ -92,7 +109,30 @@ def seed_stats(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str], ste
     out.insert(at_p + 4, "level", [level_text(c) if t else "" for c, t in zip(level, out["test"], strict=True)])
     out = out.drop(columns="_arms")
     out.attrs["levels"] = dict(zip(out["variant"], level, strict=True))  # (for the Δ figure's band)
-    return out
+    return formats(out, EVERY_FIGURE)
+
+
+def _bound(x: object) -> str:
+    """A bound of the Δ interval, as the report's Statistical Evidence writes it: '-0.017'."""
+    return num(x, DELTA)
+
+
+def _spread(x: object) -> str:
+    return num(x, SPREAD)
+
+
+def _stat(x: object) -> str:
+    return num(x, STAT)
+
+
+# How the Every figure table writes the seed statistics (:func:`seed_stats`), column by column.
+EVERY_FIGURE = {
+    "variant": text, "seeds": count, "mean": loss, "std": _spread, "ci_low": loss, "ci_high": loss,
+    "delta": delta, "test": text, "p": p_value, "holm_p": p_value, "evidence": text, "delta_low": _bound,
+    "delta_high": _bound, "level": text, "welch_t": _stat, "welch_p": p_value, "paired_n": count,
+    "paired_t": _stat, "paired_p": p_value, "seeds_needed": count, "seeds_if_sd_80pct_high": count,
+    "seeds_for_test": text,
+}
 
 
 def config_diff(runs: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
@@ -131,7 +171,15 @@ def cost(runs: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
 
     g["tok/s measured"] = [measured(v, ok, speed) for v, ok in zip(variants, speed_ok, strict=True)]
     g["memory measured"] = [measured(v, ok, memory) for v, ok in zip(variants, memory_ok, strict=True)]
-    return g.reset_index()
+    return formats(g.reset_index(), {"tokens_per_s": throughput_text, "peak_memory_bytes": gib,
+                                     "tok/s vs first %": _change, "memory vs first %": _change},
+                   {"tokens_per_s": "tok/s", "peak_memory_bytes": "peak memory", "tok/s vs first %": "tok/s vs first",
+                    "memory vs first %": "memory vs first"})
+
+
+def _change(pct: object) -> str:
+    """'+133%', '-59%' (as the report's cost table writes a change); '—' where not comparable."""
+    return costs.cell(float(pct), "")
 
 
 def summary(stats_: pd.DataFrame) -> pd.DataFrame:
@@ -140,18 +188,18 @@ def summary(stats_: pd.DataFrame) -> pd.DataFrame:
     def interval_cell(r: pd.Series) -> str:
         if not (math.isfinite(r["delta_low"]) and math.isfinite(r["delta_high"])):
             return "—"
-        return f"[{r['delta_low']:+.4f}, {r['delta_high']:+.4f}] ({r['level']})"
+        return f"[{_bound(r['delta_low'])}, {_bound(r['delta_high'])}] ({r['level']})"
 
     return pd.DataFrame({
         "arm": stats_["variant"],
-        "seeds": stats_["seeds"].astype(int),
-        "eval loss": [f"{m:.4f}" + (f" ± {s:.4f}" if math.isfinite(s) else "")
+        "seeds": [count(n) for n in stats_["seeds"]],
+        "eval loss": [loss(m) + (f" ± {loss(s)}" if math.isfinite(s) else "")
                       for m, s in zip(stats_["mean"], stats_["std"], strict=True)],
-        "Δ": [num(d, "+.4f") if i else "—" for i, d in enumerate(stats_["delta"])],
-        "test": [t or "—" for t in stats_["test"]],
-        "p": [num(p, ".3g") for p in stats_["p"]],
-        "Holm p": [num(p, ".3g") for p in stats_["holm_p"]],
-        "evidence": [e or "—" for e in stats_["evidence"]],
+        "Δ": [delta(d) if i else "—" for i, d in enumerate(stats_["delta"])],
+        "test": [text(t) for t in stats_["test"]],
+        "p": [p_value(p) for p in stats_["p"]],
+        "Holm p": [p_value(p) for p in stats_["holm_p"]],
+        "evidence": [text(e) for e in stats_["evidence"]],
         "Δ interval": [interval_cell(r) for _, r in stats_.iterrows()],
         "seeds per arm to resolve": [need_text(n, u, d) if i and e != "resolved" else "—" for i, (n, u, d, e) in
                                      enumerate(zip(stats_["seeds_needed"], stats_["seeds_if_sd_80pct_high"],
@@ -163,9 +211,9 @@ def both_tests(stats_: pd.DataFrame) -> pd.DataFrame:
     """Welch's test and the paired test of each arm against the first, side by side (strings)."""
     rest = stats_.iloc[1:]
     return pd.DataFrame({
-        "arm": rest["variant"], "Welch t": [num(x, ".4f") for x in rest["welch_t"]],
-        "Welch p": [num(x, ".4g") for x in rest["welch_p"]], "pairs": rest["paired_n"].astype(int),
-        "paired t": [num(x, ".4f") for x in rest["paired_t"]], "paired p": [num(x, ".4g") for x in rest["paired_p"]],
+        "arm": rest["variant"], "Welch t": [_stat(x) for x in rest["welch_t"]],
+        "Welch p": [p_value(x) for x in rest["welch_p"]], "pairs": [count(n) for n in rest["paired_n"]],
+        "paired t": [_stat(x) for x in rest["paired_t"]], "paired p": [p_value(x) for x in rest["paired_p"]],
     })
 
 
@@ -175,14 +223,21 @@ def compare_markdown(aligned: pd.DataFrame, stats_: pd.DataFrame, diff: pd.DataF
     return "\n".join([
         f"# Comparison: {cell_text(' vs '.join(stats_['variant']))}\n",
         *([f"Scope: {cell_text(scope.label())}.\n"] if scope is not None else []),
-        "## Eval loss at common steps (seed mean)\n", markdown_table(aligned, floatfmt=".4f"), "",
-        f"## Statistics over seeds at step {step}\n", STATS_NOTE + "\n",
+        "## Eval loss at common steps (seed mean)\n", _table(aligned), "",
+        f"## Statistics over seeds at step {step:,}\n", STATS_NOTE + "\n",
         markdown_table(summary(stats_), disable_numparse=True), "",
         "### Both tests\n", markdown_table(both_tests(stats_), disable_numparse=True), "",
-        "### Every figure\n", markdown_table(stats_, floatfmt=".4f"), "",
+        "### Every figure\n", _table(stats_), "",
         "## Config differences\n", markdown_table(diff) if len(diff) else "_(none besides the variant)_", "",
-        "## Throughput and memory\n", markdown_table(costs, floatfmt=".1f"), "",
+        "## Throughput and memory\n", _table(costs), "",
     ])
+
+
+def _table(df: pd.DataFrame) -> str:
+    """A table by the formats it carries (:func:`reports.numbers.as_text`), numbers right-aligned: as the
+    terminal shows it."""
+    shown = as_text(df)
+    return markdown_table(shown, disable_numparse=True, colalign=shown.attrs["align"])
 
 
 STATS_NOTE = ("Against the first arm: a paired t-test over the per-seed differences when both arms hold the same "

@@ -206,7 +206,7 @@ def _running(runs: pd.DataFrame) -> Item:
     for _, r in going.iterrows():
         item.lines.append(f"{r['variant']} s{r['seed']}: step {int(r['step']):,} of {int(r['total_steps']):,}, "
                           f"{_eta(r)}")
-        if r["status"] == PREEMPTED and r.get("backend", "local") == "local":  # (a cluster's grid is relaunched)
+        if r["status"] == PREEMPTED:  # (`attnres resume` continues it through the backend it ran on)
             item.commands.append(["attnres", "resume", str(r["id"])])
     return item
 
@@ -254,7 +254,7 @@ def _retry(runs: pd.DataFrame, scope: Scope, baseline: str, settings: dict[str, 
         for _, r in grp.iterrows():
             why = cell_text(cause(r))
             item.lines.append(f"{variant} s{r['seed']} {r['status']} at step {ended_step(r):,} ({why}).")
-            if r["status"] == FAILED and r["backend"] == "local" and variant in usable:
+            if r["status"] == FAILED and variant in usable:
                 item.commands.append(["attnres", "resume", str(r["id"])])
         if variant in usable or settings.get(variant) is None:
             continue

@@ -11,17 +11,13 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from reports.numbers import DELTA, LOSS, SPREAD, num, throughput_text
 from reports.stats import ReportError, eval_at, mean_ci, shown, versus
 
 
 def _fmt_seeds(seeds: list[int]) -> str:
     word = "seed" if len(seeds) == 1 else "seeds"
     return f"{len(seeds)} {word} ({', '.join(str(s) for s in seeds)})"
-
-
-def num(x: float, spec: str, none: str = "—") -> str:
-    """``x`` formatted, or ``none`` when it is missing or not finite."""
-    return none if x is None or not math.isfinite(x) else format(x, spec)
 
 
 def per_variant(runs: pd.DataFrame, evals: pd.DataFrame, step: int, variants: list[str] | None = None) -> pd.DataFrame:
@@ -84,8 +80,8 @@ def baseline_row(table: pd.DataFrame, baseline: str) -> pd.Series:
 def value_text(mean: float, std: float, seeds: list[int]) -> str:
     """'2.690 ± 0.006 (mean of 4)' or '2.691 (seed 1337)': the number says what it is."""
     if len(seeds) == 1:
-        return f"{mean:.3f} (seed {seeds[0]})"
-    return f"{mean:.3f} ± {num(std, '.3f', '?')} (mean of {len(seeds)})"
+        return f"{mean:{LOSS}} (seed {seeds[0]})"
+    return f"{mean:{LOSS}} ± {num(std, LOSS, '?')} (mean of {len(seeds)})"
 
 
 def completed(table: pd.DataFrame, baseline: str, behind: list[tuple[str, int, int]] | None = None,
@@ -104,10 +100,10 @@ def completed(table: pd.DataFrame, baseline: str, behind: list[tuple[str, int, i
         "Variant": t["variant"],
         "Eval Loss": [value_text(e, s, seeds) + star.get(m, "")
                       for e, s, seeds, m in zip(t["eval"], t["std"], t["seeds"], t["mark"], strict=True)],
-        "Δ vs Baseline": ["—" if v == baseline else f"{shown(d):+.3f}"
+        "Δ vs Baseline": ["—" if v == baseline else f"{shown(d):{DELTA}}"
                           for v, d in zip(t["variant"], t["delta"], strict=True)],
         "Train Loss (final)" if step is None else f"Train Loss @ {step:,}": [
-            num(x, ".3f") + (star.get(m, "") if math.isfinite(x) else "")
+            num(x, LOSS) + (star.get(m, "") if math.isfinite(x) else "")
             for x, m in zip(t["train"], t["mark"], strict=True)],
         "Seeds": [_fmt_seeds(s) + "".join(f"; {g}" for g in going.get(v, []))
                   for v, s in zip(t["variant"], t["seeds"], strict=True)],
@@ -115,18 +111,6 @@ def completed(table: pd.DataFrame, baseline: str, behind: list[tuple[str, int, i
     })
     out.attrs["footnotes"] = [f"{s}{m}." for m, s in star.items()]
     return out.reset_index(drop=True)
-
-
-def throughput_text(x: float) -> str:
-    """Tokens/s that read at any size: ``197k tok/s``, ``12.3k tok/s``, ``845 tok/s``, ``3.2 tok/s`` (never
-    ``0.0k``)."""
-    if x is None or not math.isfinite(x):
-        return "—"
-    if x >= 100_000:
-        return f"{x / 1000:,.0f}k tok/s"
-    if x >= 1000:
-        return f"{x / 1000:.1f}k tok/s"
-    return f"{x:.0f} tok/s" if x >= 10 else f"{x:.2g} tok/s"
 
 
 def evidence(row: pd.Series, base: pd.Series) -> dict[str, float]:
@@ -146,13 +130,13 @@ def multi_seed(runs: pd.DataFrame, table: pd.DataFrame, baseline: str, step: int
         vals = np.array([row["values"][s] for s in row["seeds"]])
         mean, std, lo, hi = mean_ci(vals)
         trains = [float(train.get(row["run_ids"][s], math.nan)) for s in row["seeds"]]
-        rows = [{"Seed": str(s), f"Eval Loss @ {step}": f"{row['values'][s]:.3f}", "Final Train Loss": num(tr, ".3f")}
+        rows = [{"Seed": str(s), f"Eval Loss @ {step}": f"{row['values'][s]:{LOSS}}", "Final Train Loss": num(tr, LOSS)}
                 for s, tr in zip(row["seeds"], trains, strict=True)]
-        rows.append({"Seed": "Mean", f"Eval Loss @ {step}": f"{mean:.3f}",
+        rows.append({"Seed": "Mean", f"Eval Loss @ {step}": f"{mean:{LOSS}}",
                      "Final Train Loss": num(float(np.nanmean(trains)) if np.isfinite(trains).any() else math.nan,
-                                              ".3f")})
-        rows.append({"Seed": "Std", f"Eval Loss @ {step}": f"{std:.4f}", "Final Train Loss": ""})
-        rows.append({"Seed": "95% CI", f"Eval Loss @ {step}": f"[{lo:.3f}, {hi:.3f}]", "Final Train Loss": ""})
+                                              LOSS)})
+        rows.append({"Seed": "Std", f"Eval Loss @ {step}": f"{std:{SPREAD}}", "Final Train Loss": ""})
+        rows.append({"Seed": "95% CI", f"Eval Loss @ {step}": f"[{lo:{LOSS}}, {hi:{LOSS}}]", "Final Train Loss": ""})
         frame = pd.DataFrame(rows)
         frame.attrs.update(evidence(row, base) if row["variant"] != baseline else {})
         out[row["variant"]] = frame
@@ -169,7 +153,7 @@ def family(table: pd.DataFrame, baseline: str, label: str = "Shallow",
     out = pd.DataFrame({
         "Model": [f"{label} {v}" if v == baseline else v for v in t["variant"]],
         step_col: [value_text(e, s, seeds) for e, s, seeds in zip(t["eval"], t["std"], t["seeds"], strict=True)],
-        f"Δ vs {label} Baseline": ["—" if v == baseline else f"{shown(e - base['eval']):+.3f}"
+        f"Δ vs {label} Baseline": ["—" if v == baseline else f"{shown(e - base['eval']):{DELTA}}"
                                    for v, e in zip(t["variant"], t["eval"], strict=True)],
     })
     if params and baseline in params:

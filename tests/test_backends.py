@@ -10,7 +10,9 @@ from datetime import timedelta
 from typing import ClassVar
 
 import pytest
+from helpers import in_process
 
+from attnres.errors import AttnresError
 from attnres.runs import backends, orchestrator, planning
 from attnres.runs.backends import ALIVE, GONE, Backend, Placement, Submitted
 from attnres.runs.backends import HEARTBEAT_SILENCE_S as STALE_AFTER_S
@@ -39,6 +41,7 @@ class InlineBackend(Backend):
         InlineBackend.killed.append(run.id)
 
 
+@pytest.mark.integration
 def test_a_backend_is_one_module_and_one_registry_line(workdir, monkeypatch):
     monkeypatch.setitem(backends.REGISTRY, "inline", f"{__name__}:InlineBackend")
     engine = get_engine(str(workdir / "runs.db"))
@@ -60,11 +63,24 @@ def test_a_backend_is_one_module_and_one_registry_line(workdir, monkeypatch):
     assert orchestrator.reconcile(engine) == late
     r = store.get_run(engine, late[0])
     assert (r.status, r.message) == (states.FAILED, "inline runs never outlive submit")
+    # resume, dry runs and logs go through the run's backend too (its protocol's defaults here)
+    done = orchestrator.resume(engine, str(engine.url), late)
+    assert done.results == {late[0]: states.FINISHED}
+    assert backends.get("inline").describe(7, "sqlite:///x.db", Placement(nproc=2))[0].endswith(
+        "--nproc_per_node=2 -m attnres.train -- --run-id 7 --db sqlite:///x.db")
+    with pytest.raises(AttnresError, match=f"run {late[0]}'s log .* is gone"):  # (inline writes no log file)
+        list(backends.get("inline").logs(engine, store.get_run(engine, late[0])))
+
+
+def test_a_dry_run_shows_what_its_backend_would_run(workdir, capsys, monkeypatch):
+    code, out, _ = in_process(["launch", "standard", "--seeds", "1", "--backend", "slurm", "--partition", "gpu",
+                               "--time", "1:00:00", "--nodes", "2", "--dry-run"], capsys, monkeypatch)
+    assert code == 0 and "#SBATCH --partition=gpu" in out and "#SBATCH --nodes=2" in out and "srun" in out
+    code, out, _ = in_process(["launch", "standard", "--seeds", "1", "--dry-run"], capsys, monkeypatch)
+    assert code == 0 and "-m attnres.runs.torchrun --standalone" in out and "#SBATCH" not in out
 
 
 def test_an_unknown_backend_is_one_clear_line():
-    from attnres.errors import AttnresError
-
     with pytest.raises(AttnresError, match="unknown backend 'k8s'"):
         backends.get("k8s")
 
@@ -120,7 +136,7 @@ def test_a_resumed_run_takes_its_last_attempts_spool_along_and_the_old_queue_lea
     monkeypatch.setenv("ATTNRES_CHECKPOINTS", str(tmp_path / "checkpoints"))
     model = torch.nn.Linear(2, 2)
     checkpoint.save(paths.checkpoints_dir(killed.id), model, torch.optim.SGD(model.parameters(), lr=0.1), 3)
-    assert orchestrator.reopen(engine, [killed.id])[1] == [
+    assert orchestrator.reopen(engine, [killed.id]) == [
         f"run {killed.id} (standard, seed {killed.seed}): from step 3 of {killed.total_steps} (its last checkpoint)"]
     r = store.get_run(engine, killed.id)
     assert (r.status, r.agent_pid, r.step) == (states.QUEUED, None, 3) and path.stat().st_size == 0

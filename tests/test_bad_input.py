@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
-from conftest import attnres, in_process
+from helpers import attnres, in_process, sha
 
 from attnres.tracking import states, store
 from attnres.tracking.db import get_engine
@@ -43,10 +41,6 @@ CASES = [
 ]
 
 
-def sha(path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 @pytest.fixture
 def recorded(workdir):
     """A database with a finished run in it: bad input must leave it byte for byte as it is."""
@@ -72,6 +66,7 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(recorded, args, names,
     assert sha(recorded) == before and not (recorded.parent / "nothere.db").exists()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("args,names", [CASES[0], CASES[6], CASES[19], CASES[24]], ids=lambda c: str(c))
 def test_bad_input_through_the_installed_command_too(recorded, args, names):
     """A few of the cases as a user meets them: a new process, the real entry point."""
@@ -83,6 +78,7 @@ def test_bad_input_through_the_installed_command_too(recorded, args, names):
     assert "Traceback" not in proc.stdout + proc.stderr and sha(recorded) == before
 
 
+@pytest.mark.integration
 def test_status_in_an_empty_folder_is_an_empty_listing_not_an_error(workdir):
     proc = attnres("status", "--db", str(workdir / "none.db"))
     assert proc.returncode == 0 and "no runs yet" in proc.stdout and proc.stderr == ""

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import attnres
+from helpers import attnres
 
 from attnres.model import cpu_kernel
+
+pytestmark = pytest.mark.integration
 
 
 def test_bench_data_reports_prepare_next_to_tiktoken(workdir):

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 
 import pandas as pd
 import pytest
-from conftest import attnres, in_process
+from helpers import attnres, in_process
 
 from attnres.runs.status import _cell, duration
 
@@ -75,6 +75,7 @@ def test_a_running_cell_shows_its_eta_as_a_duration():
     assert _cell(run, now) == "running 50/200 ETA 4m06s"
 
 
+@pytest.mark.integration
 def test_status_watch_into_a_pipe_writes_plain_lines_and_ends_by_itself(workdir, capsys, monkeypatch):
     csv = workdir / "runs.csv"
     csv.write_text("variant,seed,step,key,value,status\n"

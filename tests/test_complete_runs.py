@@ -6,7 +6,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import FAST, LONG, attnres, runs, train_steps, wait_for
+import pytest
+from helpers import FAST, LONG, attnres, runs, train_steps, wait_for
+
+pytestmark = pytest.mark.integration
 
 TRIALS = 20
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import BYTES, FAST_GPT2, ROOT, attnres
+from helpers import BYTES, FAST_GPT2, ROOT, attnres
 from scipy import stats
 from seed_scenario import rows as seed_rows
 from statsmodels.stats.multitest import multipletests
@@ -165,6 +165,7 @@ def test_a_run_resumed_after_it_ended_joins_a_new_stage(workdir):
     assert store.get_run(engine, cut).launch_id == first  # a preempted run's stage waited for it
 
 
+@pytest.mark.integration
 def test_sequential_looks_through_import_and_report(workdir):
     """The same seeds give 'resolved' when launched at once and 'unresolved' when added stage by stage
     until p < 0.05: the report counts the looks (one per imported stage) and spends α/2^k at look k."""
@@ -229,6 +230,7 @@ def sentences(text: str) -> list[tuple[str, str]]:
     return [(m.group(1), m.group(2)) for m in re.finditer(r"^- (.*) — \*\*(.+)\*\*$", body, re.MULTILINE)]
 
 
+@pytest.mark.integration
 def test_interpretation_findings_come_from_traits_with_their_numbers_and_evidence_class(workdir):
     frame, finals = interpretation_scenario()
     frame.to_csv(workdir / "s.csv", index=False)
@@ -273,6 +275,7 @@ def test_interpretation_findings_come_from_traits_with_their_numbers_and_evidenc
         "block_hybrid_memory", "control_block")[0]
 
 
+@pytest.mark.integration
 def test_interpretation_and_whats_next_quote_the_tables(workdir):
     """On the seed document's own situation: every decimal and every seed count the generated sections give
     appears in the document's tables (a retry's proposed learning rates are settings, not figures)."""
@@ -355,6 +358,7 @@ def _settings() -> list[str]:
     return [STEADY[i + 1] for i in range(0, len(STEADY), 2) if STEADY[i] == "--set"]
 
 
+@pytest.mark.integration
 def test_next_launches_exactly_its_cells_and_the_report_tests_them_as_planned(workdir):
     """A grid mid-way: two seeds each, unresolved. `attnres next` plans one more seed per arm (power at the
     level of look 2), `--launch` starts exactly those runs as one stage with the plan recorded, and the next
@@ -405,6 +409,7 @@ def _finals(workdir: Path) -> dict[tuple[str, int], float]:
     return {(v, s): x for v, s, x in rows}
 
 
+@pytest.mark.integration
 def test_next_refuses_bad_input_in_one_line(workdir):
     attnres("import", str(_tiny_import(workdir)), check=True)
     for args, words in ((["--only", "nope"], "--only nope: choose from resolve, new, retry"),

@@ -13,9 +13,9 @@ import sqlite3
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import FAST, attnres
+from helpers import FAST, attnres
 
-from attnres.runs.backends.local import threads_per_process
+from attnres.runs.backends.devices import threads_per_process
 from attnres.tracking import speed
 from reports import costs
 from reports.tables import per_variant
@@ -31,6 +31,7 @@ def cost_rows(text: str) -> dict[str, list[str]]:
                                           for ln in part.splitlines() if ln.startswith("| "))}
 
 
+@pytest.mark.integration
 def test_runs_at_different_thread_counts_are_not_compared_and_a_paired_bench_decides(workdir, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the launcher fits the threads to the cores
     attnres("launch", "standard", "control_block", "--seeds", "1", *RUN, check=True)
@@ -142,6 +143,7 @@ def test_like_with_like_rules():
     assert out[SPEED].iloc[0].startswith("not comparable: device NVIDIA H100, not recorded vs NVIDIA H100")
 
 
+@pytest.mark.integration
 def test_stars_and_labels_follow_the_printed_delta(workdir):
     """On an imported synthetic grid with Δs at the edges of the scale, every star count and label in the
     written document is the rule applied to the Δ as printed (three decimals)."""
@@ -173,6 +175,7 @@ def test_stars_and_labels_follow_the_printed_delta(workdir):
     assert rows["control_block"][1] == "★★★½ (-0.025)" and rows["block_alibi_depth"][1] == "★★½ (-0.015)"
 
 
+@pytest.mark.integration
 def test_document_parameters_are_those_of_attnres_variants(workdir):
     """The Variants table's totals and non-embedding counts at the document's preset, and the deep table's
     differences, are what `attnres variants --params` counts for the same preset."""

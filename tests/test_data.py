@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import attnres, runs
+from helpers import attnres, runs
 
 from attnres.data.corpus import is_eval
 from attnres.data.loader import TokenShards, TrainLoader
@@ -54,6 +54,7 @@ def expected_stream(rows, split, frac=0.1):
     return np.array(out, dtype=np.uint16)
 
 
+@pytest.mark.integration
 def test_prepare_parquet_and_jsonl_matches_tiktoken_with_disjoint_split(workdir):
     a, b = fineweb_rows(300, seed=1), fineweb_rows(200, seed=2)
     (workdir / "raw").mkdir()
@@ -129,6 +130,7 @@ def test_builtin_corpus_is_real_prose_with_a_held_out_split(builtin_data):
     assert " the " in text
 
 
+@pytest.mark.integration
 def test_the_bytes_tokenizer_needs_no_download_and_its_vocabulary_is_checked_at_launch(workdir, monkeypatch):
     rows = fineweb_rows(40, seed=2)
     write_jsonl(workdir / "d.jsonl", rows)
@@ -149,6 +151,7 @@ def test_the_bytes_tokenizer_needs_no_download_and_its_vocabulary_is_checked_at_
     assert unknown.returncode == 2 and "unknown tokenizer 'morse'; choose gpt2, bytes" in unknown.stderr
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("args", "message"), [
     (["--data-files", "missing/*.parquet"], "no data files match 'missing/*.parquet'"),
     (["--data-files", "bad.parquet"], "has no 'text' column"),
@@ -164,6 +167,7 @@ def test_bad_input_is_one_clear_line(workdir, args, message):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.integration
 def test_missing_tokenizer_files_fail_fast_with_a_clear_line(workdir, monkeypatch):
     empty = workdir / "empty-cache"
     empty.mkdir()
@@ -176,6 +180,7 @@ def test_missing_tokenizer_files_fail_fast_with_a_clear_line(workdir, monkeypatc
     assert os.environ.get("TIKTOKEN_CACHE_DIR") == str(empty)
 
 
+@pytest.mark.integration  # (multiprocessing workers)
 def test_worker_processes_write_the_same_shards_as_one_process(tmp_path):
     rows = fineweb_rows(300, seed=4)
     rows[7]["text"] += " a literal <|endoftext|> in the text is ordinary text, ünïcödé too"

@@ -6,7 +6,10 @@ from __future__ import annotations
 import os
 import signal
 
-from conftest import FAST, LONG, attnres, queue_pid, runs, wait_for
+import pytest
+from helpers import FAST, LONG, attnres, queue_pid, runs, wait_for
+
+pytestmark = pytest.mark.integration
 
 GRID = ["launch", "standard", "--seeds", "1", "2", "3", "--steps", "200", *FAST]  # (run 1 long enough to be seen)
 

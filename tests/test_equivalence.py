@@ -13,7 +13,7 @@ import pytest
 import torch
 from reference_depth import reference_forward
 
-from attnres.model import cpu_kernel, depth_attend
+from attnres.model import cpu_kernel, depth_attend, depth_kernels
 from attnres.model.residual import DepthAttention
 from attnres.variants.registry import VARIANTS
 
@@ -68,8 +68,8 @@ def test_the_c_kernel_runs_when_enabled_and_not_when_disabled(monkeypatch):
         pytest.skip("no C compiler on this machine")
     monkeypatch.delenv("ATTNRES_CPU_KERNEL", raising=False)
     calls = []
-    real = depth_attend._forward_c
-    monkeypatch.setattr(depth_attend, "_forward_c", lambda *a: calls.append(1) or real(*a))
+    real = depth_kernels.forward_c
+    monkeypatch.setattr(depth_kernels, "forward_c", lambda *a: calls.append(1) or real(*a))
     res, emb, _, steps = build("attnres_paper", 7, d=8, seed=1)
     res(emb, steps).sum().backward()
     assert calls
@@ -86,8 +86,8 @@ def test_the_triton_kernel_runs_when_asked_for_and_not_otherwise(monkeypatch):
     from attnres.model import gpu_kernel
 
     calls = []
-    real = depth_attend._forward_triton
-    monkeypatch.setattr(depth_attend, "_forward_triton", lambda *a: calls.append(1) or real(*a))
+    real = depth_kernels.forward_triton
+    monkeypatch.setattr(depth_kernels, "forward_triton", lambda *a: calls.append(1) or real(*a))
     res, emb, _, steps = build("block_hybrid_memory", 7, d=8, seed=1)
     monkeypatch.setenv("ATTNRES_TRITON_KERNEL", "1")
     res(emb, steps).sum().backward()

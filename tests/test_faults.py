@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import hashlib
 import os
 import shutil
 import signal
@@ -14,10 +13,12 @@ import textwrap
 
 import psutil
 import pytest
-from conftest import FAST, LONG, attnres, database_at, runs, train_steps, wait_for
+from helpers import FAST, LONG, attnres, database_at, runs, sha, train_steps, wait_for
 
 from attnres.tracking.db import HEAD
 from attnres.tracking.store import metrics_frame
+
+pytestmark = pytest.mark.integration
 
 PG = os.environ.get("ATTNRES_TEST_PG_URL")
 
@@ -86,10 +87,6 @@ def test_rank_failure_fails_the_run_and_keeps_its_rows(workdir):
     print(f"FAULT-TABLE rank failure: status {r['status']} exit {r['exit_code']} expected {max(steps)} "
           f"found {len(steps)}")
     assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 4
-
-
-def sha(path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def test_corrupt_database_is_one_line_and_never_overwritten(workdir):

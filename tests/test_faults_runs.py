@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from conftest import (
+from helpers import (
     BYTES,
     ISSUE_MID,
     ISSUE_ROWS,
@@ -31,6 +31,8 @@ from conftest import (
 )
 
 from attnres.runs.backends.local import process_alive
+
+pytestmark = pytest.mark.integration
 
 
 def at_step(workdir, n: int, run: int = 0) -> dict:

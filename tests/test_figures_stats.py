@@ -9,9 +9,8 @@ import shlex
 import subprocess
 
 import numpy as np
-import pandas as pd
 import pytest
-from conftest import in_process
+from helpers import arms_csv, in_process
 from scipy import stats
 
 from attnres.runs import planning
@@ -31,15 +30,6 @@ STEPS = [0, 25, 50, 75, 100]
 def curve(final: float) -> dict[int, float]:
     """An eval curve from 10 down to ``final`` at step 100."""
     return {s: 10 + (final - 10) * s / 100 for s in STEPS}
-
-
-def import_file(workdir, arms: dict[str, dict[int, float]]) -> str:
-    """A CSV in the import schema: each variant's seeds with their eval curve to the given final value."""
-    rows = [(v, seed, step, "eval_loss", value, "finished")
-            for v, seeds in arms.items() for seed, final in seeds.items() for step, value in curve(final).items()]
-    path = workdir / "runs.csv"
-    pd.DataFrame(rows, columns=["variant", "seed", "step", "key", "value", "status"]).to_csv(path, index=False)
-    return str(path)
 
 
 def ci_by_hand(a: dict[int, float], b: dict[int, float], level: float) -> tuple[float, float]:
@@ -97,7 +87,7 @@ SCENARIO = {
 
 def test_the_delta_band_is_the_tables_interval_of_the_difference(workdir, capsys, monkeypatch):
     db = str(workdir / "runs.db")
-    assert in_process(["import", import_file(workdir, SCENARIO), "--db", db], capsys, monkeypatch)[0] == 0
+    assert in_process(["import", arms_csv(workdir, SCENARIO, steps=STEPS), "--db", db], capsys, monkeypatch)[0] == 0
     code, _, err = in_process(["report", "--out", "r.md", "--db", db], capsys, monkeypatch)
     assert code == 0, err
     table = evidence_rows((workdir / "r.md").read_text())
@@ -194,6 +184,7 @@ def test_compare_takes_two_settings_of_one_variant_as_arms(workdir, capsys, monk
     assert code == 2 and "3 cells" in err and "control_block@lr=0.001" in err
 
 
+@pytest.mark.integration
 def test_on_end_with_shell_syntax_is_named_with_the_form_that_works(workdir, capsys, monkeypatch):
     line = "echo finished $ATTNRES_RUN_ID >> " + str(workdir / "x")
     code, _, err = in_process(["launch", "standard", "--dry-run", "--on-end", line], capsys, monkeypatch)
@@ -212,7 +203,7 @@ def test_on_end_with_shell_syntax_is_named_with_the_form_that_works(workdir, cap
 
 def test_every_output_option_creates_its_folders_and_refuses_a_file_in_the_way(workdir, capsys, monkeypatch):
     db = str(workdir / "runs.db")
-    in_process(["import", import_file(workdir, SCENARIO), "--db", db], capsys, monkeypatch)
+    in_process(["import", arms_csv(workdir, SCENARIO, steps=STEPS), "--db", db], capsys, monkeypatch)
     (workdir / "taken").write_text("a file")
     for args in (["report", "--out", "taken/r.md"], ["compare", "standard", "control_block", "--out", "taken/c.md"],
                  ["compare", "standard", "control_block", "--plot", "taken/c.png"],

@@ -12,8 +12,8 @@ import subprocess
 import sys
 import threading
 
-import pandas as pd
-from conftest import FAST, LONG, attnres, curve, in_process, queue_pid, runs, train_steps, wait_for
+import pytest
+from helpers import FAST, LONG, arms_csv, attnres, curve, in_process, queue_pid, runs, train_steps, wait_for
 
 from attnres import paths
 
@@ -28,6 +28,7 @@ def read_lines(proc: subprocess.Popen, into: list[str]) -> threading.Thread:
     return t
 
 
+@pytest.mark.integration
 def test_a_queued_run_says_what_it_waits_for_and_takes_over_a_dead_holders_slot(workdir, monkeypatch):
     other = workdir / "elsewhere" / "other.db"  # another project's database, logs and checkpoints
     other.parent.mkdir()
@@ -63,6 +64,7 @@ def test_a_queued_run_says_what_it_waits_for_and_takes_over_a_dead_holders_slot(
     assert runs(workdir)[0]["status"] == "finished"
 
 
+@pytest.mark.integration
 def test_kill_lets_the_run_save_and_resume_says_from_which_step(workdir, monkeypatch):
     attnres("launch", "standard", "--seeds", "1", "--steps", LONG, *FAST, "--detach", check=True)
     wait_for(lambda: max(train_steps(workdir / "runs.db"), default=0) >= 24)
@@ -86,6 +88,7 @@ def test_kill_lets_the_run_save_and_resume_says_from_which_step(workdir, monkeyp
     attnres("kill", "1", check=True)
 
 
+@pytest.mark.integration
 def test_resume_without_a_checkpoint_says_it_starts_over(workdir, monkeypatch):
     attnres("launch", "standard", "--seeds", "1", "--steps", LONG, *FAST, "--set", "eval_every=50000", "--detach",
             check=True)
@@ -100,28 +103,17 @@ def test_resume_without_a_checkpoint_says_it_starts_over(workdir, monkeypatch):
     attnres("kill", "1", check=True)
 
 
-def _csv(workdir, arms: dict[str, dict[int, float]], experiment: str | None = None, name: str = "runs.csv"):
-    rows = [(v, seed, step, "eval_loss", 10 + (final - 10) * step / 100, "finished")
-            for v, seeds in arms.items() for seed, final in seeds.items() for step in (0, 50, 100)]
-    frame = pd.DataFrame(rows, columns=["variant", "seed", "step", "key", "value", "status"])
-    if experiment:
-        frame["experiment"] = experiment
-    path = workdir / name
-    frame.to_csv(path, index=False)
-    return path
-
-
 def test_compare_finds_the_scope_that_holds_every_named_variant(workdir, capsys, monkeypatch):
     # control_block's runs are in "older"; the newest experiment holding standard ("newer") has none of them
-    in_process(["import", str(_csv(workdir, {"standard": {1: 3.0, 2: 3.1}, "control_block": {1: 2.9, 2: 3.0}},
+    in_process(["import", str(arms_csv(workdir, {"standard": {1: 3.0, 2: 3.1}, "control_block": {1: 2.9, 2: 3.0}},
                                    "older", "a.csv"))], capsys, monkeypatch)
-    in_process(["import", str(_csv(workdir, {"standard": {1: 3.2, 2: 3.3}, "full_attnres": {1: 3.0, 2: 3.1}},
+    in_process(["import", str(arms_csv(workdir, {"standard": {1: 3.2, 2: 3.3}, "full_attnres": {1: 3.0, 2: 3.1}},
                                    "newer", "b.csv"))], capsys, monkeypatch)
     code, out, err = in_process(["compare", "standard", "control_block"], capsys, monkeypatch)
     assert code == 0, err
     assert "experiment older" in out and "control_block" in out
     # a second scope holding both is named, with the flags that select it
-    in_process(["import", str(_csv(workdir, {"standard": {3: 3.0}, "control_block": {3: 2.8}}, "third",
+    in_process(["import", str(arms_csv(workdir, {"standard": {3: 3.0}, "control_block": {3: 2.8}}, "third",
                                    "c.csv"))], capsys, monkeypatch)
     code, out, err = in_process(["compare", "standard", "control_block"], capsys, monkeypatch)
     assert code == 0 and "experiment third" in out.splitlines()[0] + out
@@ -131,6 +123,7 @@ def test_compare_finds_the_scope_that_holds_every_named_variant(workdir, capsys,
     assert code == 2 and "full_attnres: experiment newer" in err and "control_block: experiment" in err
 
 
+@pytest.mark.integration
 def test_a_report_early_in_a_grid_never_compares_at_step_0(workdir):
     # one machine slot: standard trains first while control_block waits; a stopped trainer holds its step
     attnres("launch", "standard", "control_block", "--seeds", "1", "--steps", LONG, *FAST,
@@ -160,6 +153,7 @@ def test_a_report_early_in_a_grid_never_compares_at_step_0(workdir):
         attnres("kill", "--all")
 
 
+@pytest.mark.integration
 def test_a_one_variant_sweep_reports_against_its_default_value(workdir):
     out = attnres("launch", "control_block", "--seeds", "1", "2", "--steps", "6", *FAST, "--set", "lr=1e-3,3e-3",
                   "--on-end", f"{sys.executable} -c \"import os,json; open(os.environ['ATTNRES_RUN_ID'] + '.json', "
@@ -177,6 +171,7 @@ def test_a_one_variant_sweep_reports_against_its_default_value(workdir):
     assert all(f"lr={e['ATTNRES_SET_LR']}" in e["ATTNRES_SETTINGS"].split(",") for e in env)
 
 
+@pytest.mark.integration
 def test_an_earlier_launchs_queued_runs_start_before_a_later_ones(workdir):
     first = attnres("launch", "standard", "--seeds", "1", "2", "--steps", "30", *FAST, "--detach", check=True)
     wait_for(lambda: (r := runs(workdir)) and r[0]["status"] == "running")

@@ -7,7 +7,7 @@ import sqlite3
 
 import pandas as pd
 import pytest
-from conftest import FAST, attnres, in_process, runs
+from helpers import FAST, attnres, in_process, runs
 
 from attnres.errors import AttnresError
 from attnres.runs import grid, planning
@@ -120,6 +120,7 @@ def _eval_means(workdir, step):
     return {(v, grid.normal(lr)): mean for v, lr, mean in rows}
 
 
+@pytest.mark.integration
 def test_a_grid_is_grouped_by_its_cells_and_each_variant_is_compared_at_its_best_value(workdir, capsys,
                                                                                        monkeypatch):
     out = attnres("launch", "standard", "control_block", "--seeds", "42", "1337", *FAST, "--steps", "12",

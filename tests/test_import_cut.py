@@ -4,12 +4,10 @@ cut line, and its runs would be recorded as they say they ended (``finished``) w
 
 from __future__ import annotations
 
-import hashlib
 import json
-import sqlite3
 
 import pytest
-from conftest import in_process
+from helpers import in_process, metric_rows, sha
 
 HEADER = "variant,seed,step,key,value,status,message"
 WHY = "boom, at step 3\nTraceback (most recent call last)"  # a comma and a newline: a quoted field of two lines
@@ -26,30 +24,17 @@ def exported(tmp_path, monkeypatch, capsys):
             for step in range(1, 401) for key in ("train_loss", "lr")]
     rows += [f'standard,3,{step},train_loss,{step},failed,"{WHY}"' for step in range(1, 4)]
     (tmp_path / "source.csv").write_text("\n".join([HEADER, *rows]) + "\n")
-    assert cli(["import", "source.csv"], capsys, monkeypatch)[0] == 0
-    assert cli(["export", "--out", "out"], capsys, monkeypatch)[0] == 0
+    assert in_process(["import", "source.csv"], capsys, monkeypatch)[0] == 0
+    assert in_process(["export", "--out", "out"], capsys, monkeypatch)[0] == 0
     (tmp_path / "one.csv").write_text("variant,seed,step,key,value\nstandard,9,1,eval_loss,3.0\n")
-    assert cli(["import", "one.csv", "--db", "target.db"], capsys, monkeypatch)[0] == 0
+    assert in_process(["import", "one.csv", "--db", "target.db"], capsys, monkeypatch)[0] == 0
     return tmp_path
-
-
-def cli(args, capsys, monkeypatch):
-    return in_process([str(a) for a in args], capsys, monkeypatch)
-
-
-def sha(path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def metric_rows(db) -> int:
-    with sqlite3.connect(db) as conn:
-        return conn.execute("select count(*) from metrics").fetchone()[0]
 
 
 def refused(here, name: str, data: bytes, why: str, capsys, monkeypatch) -> None:
     (here / name).write_bytes(data)
     before = sha(here / "target.db")
-    code, _, err = cli(["import", name, "--db", "target.db"], capsys, monkeypatch)
+    code, _, err = in_process(["import", name, "--db", "target.db"], capsys, monkeypatch)
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1, err
     assert lines[0].endswith(f"{name}: its last line is cut ({why}): a file still being written, or cut short; "
@@ -67,9 +52,9 @@ def test_an_export_cut_mid_row_is_refused_and_the_whole_one_imports(exported, ca
     quoted = whole[:whole.index(b"boom, at step 3\n") + len(b"boom, at step 3\n")]  # ends with a newline, in quotes
     refused(exported, "quoted.csv", quoted, "a quoted field not closed", capsys, monkeypatch)
     rows = 2 * 400 * 2 + 3
-    code, out, _ = cli(["import", "out/metrics.csv", "--db", "target.db"], capsys, monkeypatch)
+    code, out, _ = in_process(["import", "out/metrics.csv", "--db", "target.db"], capsys, monkeypatch)
     assert code == 0 and f"imported {rows:,} metric rows; 3 new run(s)" in out, out
-    assert metric_rows(exported / "target.db") == rows + 1
+    assert metric_rows(exported / "target.db", None) == rows + 1
 
 
 def test_a_cut_jsonl_file_is_refused(exported, capsys, monkeypatch):
@@ -80,12 +65,12 @@ def test_a_cut_jsonl_file_is_refused(exported, capsys, monkeypatch):
     refused(exported, "open.jsonl", whole[:-20] + b"\n", "not a whole JSON object", capsys, monkeypatch)
     refused(exported, "last.jsonl", whole[:-1], "no newline at the end", capsys, monkeypatch)
     (exported / "whole.jsonl").write_bytes(whole + b"\n")  # a blank line at the end changes nothing
-    code, out, _ = cli(["import", "whole.jsonl", "--db", "target.db"], capsys, monkeypatch)
+    code, out, _ = in_process(["import", "whole.jsonl", "--db", "target.db"], capsys, monkeypatch)
     assert code == 0 and "imported 50 metric rows; 1 new run(s)" in out, out
 
 
 def test_blank_lines_after_the_last_row_are_not_a_cut(exported, capsys, monkeypatch):
     whole = (exported / "out" / "metrics.csv").read_bytes()
     (exported / "blank.csv").write_bytes(whole + b"\n\n")
-    code, out, err = cli(["import", "blank.csv", "--db", "target.db"], capsys, monkeypatch)
+    code, out, err = in_process(["import", "blank.csv", "--db", "target.db"], capsys, monkeypatch)
     assert code == 0 and "3 new run(s)" in out, err

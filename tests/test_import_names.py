@@ -14,7 +14,7 @@ import sqlite3
 
 import pandas as pd
 import pytest
-from conftest import in_process
+from helpers import in_process, sha
 
 from attnres.tracking import imports, states, store
 from attnres.tracking.db import get_engine
@@ -41,14 +41,6 @@ def here(tmp_path, monkeypatch):
     return tmp_path
 
 
-def run_cli(args, capsys, monkeypatch):
-    return in_process([str(a) for a in args], capsys, monkeypatch)
-
-
-def sha(path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def stored(db) -> int:
     """Every point the database holds: metric rows and depth-map weights."""
     with sqlite3.connect(db) as conn:
@@ -58,7 +50,7 @@ def stored(db) -> int:
 def refused(args, db, capsys, monkeypatch, *words) -> str:
     """Run a command that must be refused: one line naming ``words``, exit 2, the database byte-identical."""
     before = sha(db)
-    code, _, err = run_cli(args, capsys, monkeypatch)
+    code, _, err = in_process(args, capsys, monkeypatch)
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error:"), err
     assert all(w in lines[0] for w in words), lines[0]
@@ -70,7 +62,7 @@ def refused(args, db, capsys, monkeypatch, *words) -> str:
 def recorded(here, capsys, monkeypatch):
     """A database already holding the two experiments' runs."""
     (here / "two.csv").write_text(TWO_EXPERIMENTS)
-    assert run_cli(["import", "two.csv"], capsys, monkeypatch)[0] == 0
+    assert in_process(["import", "two.csv"], capsys, monkeypatch)[0] == 0
     get_engine(str(here / "runs.db")).dispose()
     return here / "runs.db"
 
@@ -85,7 +77,7 @@ def test_a_markup_experiment_name_is_refused_and_changes_nothing(recorded, capsy
 def test_status_shows_a_markup_name_already_stored_as_it_is(here, capsys, monkeypatch):
     """A database written before names were checked: status prints the name literally, never as markup."""
     old_run(get_engine(str(here / "runs.db")), experiment="x[/bold]y", config_hash="h")
-    code, out, err = run_cli(["status"], capsys, monkeypatch)
+    code, out, err = in_process(["status"], capsys, monkeypatch)
     assert code == 0 and "x[/bold]y" in out, err
 
 
@@ -113,12 +105,12 @@ def test_free_text_is_stored_as_given_and_escaped_where_shown(here, capsys, monk
     rows += [("control_block", 42, s, 5.1 - s / 10, "failed", MESSAGE) for s in (0, 5)]
     frame = pd.DataFrame(rows, columns=["variant", "seed", "step", "value", "status", "message"])
     frame.assign(key="eval_loss", experiment="expA", device=DEVICE).to_csv(here / "text.csv", index=False)
-    assert run_cli(["import", "text.csv"], capsys, monkeypatch)[0] == 0
+    assert in_process(["import", "text.csv"], capsys, monkeypatch)[0] == 0
     with sqlite3.connect(here / "runs.db") as conn:
         assert set(conn.execute("select device, message from runs")) == {(DEVICE, None), (DEVICE, MESSAGE)}
-    code, _, err = run_cli(["status"], capsys, monkeypatch)
+    code, _, err = in_process(["status"], capsys, monkeypatch)
     assert code == 0, err
-    assert run_cli(["report", "--experiment", "expA", "--no-plots", "--out", "r.md"], capsys, monkeypatch)[0] == 0
+    assert in_process(["report", "--experiment", "expA", "--no-plots", "--out", "r.md"], capsys, monkeypatch)[0] == 0
     text = (here / "r.md").read_text()
     devices = next(line for line in text.splitlines() if line.startswith("- Devices:"))
     assert cell_text(DEVICE) in devices and "<script>" not in text
@@ -133,8 +125,8 @@ def test_no_raw_html_anywhere_in_the_report(here, capsys, monkeypatch):
                   "step": [0, 10, 0, 5], "key": "eval_loss", "value": [5.0, 4.0, 5.1, 4.6],
                   "status": ["finished", "finished", "failed", "failed"], "message": ["", "", MESSAGE, MESSAGE],
                   }).to_csv(here / "m.csv", index=False)
-    assert run_cli(["import", "m.csv"], capsys, monkeypatch)[0] == 0
-    assert run_cli(["report", "--no-plots", "--out", "r.md"], capsys, monkeypatch)[0] == 0
+    assert in_process(["import", "m.csv"], capsys, monkeypatch)[0] == 0
+    assert in_process(["report", "--no-plots", "--out", "r.md"], capsys, monkeypatch)[0] == 0
     assert "<img" not in (here / "r.md").read_text()
 
 
@@ -142,7 +134,7 @@ def test_two_experiments_stay_two_runs_and_export_round_trips(recorded, capsys, 
     with sqlite3.connect(recorded) as conn:
         assert sorted(conn.execute("select experiment, variant, seed from runs")) == [
             ("expA", "standard", 42), ("expB", "standard", 42)]
-    assert run_cli(["export", "--out", "out"], capsys, monkeypatch)[0] == 0
+    assert in_process(["export", "--out", "out"], capsys, monkeypatch)[0] == 0
     cols = ["experiment", "variant", "seed", "step", "key", "value"]
     given = pd.read_csv(recorded.parent / "two.csv")[cols].sort_values(cols, ignore_index=True)
     exported = pd.read_csv(recorded.parent / "out" / "metrics.csv")[cols].sort_values(cols, ignore_index=True)
@@ -154,7 +146,7 @@ def test_the_count_printed_is_what_the_database_gained(here, capsys, monkeypatch
                                 f"control_block,1,10,depth:01:embedding,0.5,e\nstandard,1,10,eval_loss,3.0,e\n")
     for expected in (3, 0):  # (a point given twice is one point; a second import adds nothing)
         before = stored(here / "runs.db") if (here / "runs.db").exists() else 0
-        code, out, err = run_cli(["import", "n.csv"], capsys, monkeypatch)
+        code, out, err = in_process(["import", "n.csv"], capsys, monkeypatch)
         assert code == 0, err
         printed = int(re.search(r"imported ([\d,]+) metric rows", out).group(1).replace(",", ""))
         assert printed == expected == stored(here / "runs.db") - before, out

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import FAST, attnres, curve, in_process, runs
+from helpers import FAST, attnres, curve, in_process, runs
 from test_mirrors import mlflow_points, wandb_read
 
 KEYS = ["train_loss", "lr", "grad_norm", "tokens_per_s", "peak_memory_bytes", "eval_loss"]
@@ -47,6 +47,7 @@ def trackio_points(folder, project: str) -> dict[str, dict[tuple[str, int], floa
     return got
 
 
+@pytest.mark.integration
 def test_a_run_is_mirrored_to_mlflow_trackio_and_wandb_as_it_trains(workdir, monkeypatch):
     for package in ("mlflow", "trackio", "wandb"):  # (not imported here: trackio reads TRACKIO_DIR once, on import)
         if importlib.util.find_spec(package) is None:
@@ -82,6 +83,7 @@ def test_a_run_is_mirrored_to_mlflow_trackio_and_wandb_as_it_trains(workdir, mon
     assert "warning: mirror" not in log  # nothing failed, nothing to warn about
 
 
+@pytest.mark.integration
 def test_a_failing_mirror_is_one_warning_and_sync_sends_what_it_missed_once(workdir, monkeypatch, capsys):
     pytest.importorskip("mlflow")
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")

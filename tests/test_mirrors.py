@@ -369,6 +369,7 @@ def wandb_read(root: Path, run_id: str) -> list[dict]:
     return out
 
 
+@pytest.mark.integration  # (wandb records through its wandb-core service, a process)
 def test_wandb_sends_every_point(wandb_dir, capfd):
     rows = trainer_rows(0, 300)
     send(make(parse("wandb=mirror-test")), info(), rows)
@@ -380,6 +381,7 @@ def test_wandb_sends_every_point(wandb_dir, capfd):
     assert capfd.readouterr().out == ""  # W&B neither prints nor wraps stdout
 
 
+@pytest.mark.integration  # (wandb records through its wandb-core service, a process)
 def test_wandb_continues_the_same_id(wandb_dir):
     from attnres.mirrors.wandb import run_id
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from conftest import FAST, LONG, attnres, curve, in_process, queue_pid, runs, wait_for
+import pytest
+from helpers import FAST, LONG, attnres, curve, in_process, queue_pid, runs, wait_for
 
 from attnres.runs.backends.local import process_alive
 
@@ -19,6 +20,7 @@ def _ends(path):
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+@pytest.mark.integration
 def test_the_command_runs_once_per_run_with_its_state_and_last_eval(workdir):
     hook, ends = workdir / "hook.py", workdir / "ends.jsonl"
     hook.write_text(HOOK)
@@ -41,6 +43,7 @@ def test_the_command_runs_once_per_run_with_its_state_and_last_eval(workdir):
     assert log.count("attnres: warning: run 3's --on-end command 'false' exited with 1") == 1
 
 
+@pytest.mark.integration
 def test_a_killed_run_notifies_from_the_kill_and_from_nowhere_else(workdir):
     hook, ends = workdir / "hook.py", workdir / "ends.jsonl"
     hook.write_text(HOOK)

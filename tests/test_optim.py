@@ -72,6 +72,7 @@ def test_a_parameter_without_a_role_is_refused():
         parameter_roles(model)
 
 
+@pytest.mark.integration
 def test_the_eager_optimizer_gives_torchs_adamw_weights_exactly_and_imports_no_dynamo():
     """Three steps and a checkpoint round trip through both classes: identical weights and state; and in a
     fresh process, a trainer's optimizer calls never import torch._dynamo (1.7-1.9 s of its start)."""

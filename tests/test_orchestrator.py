@@ -7,11 +7,14 @@ import signal
 import time
 
 import psutil
-from conftest import FAST, LONG, attnres, runs, train_steps, wait_for
+import pytest
+from helpers import FAST, LONG, attnres, runs, train_steps, wait_for
 
 from attnres.runs.backends.local import process_alive
 from attnres.runs.status import grid_rows
 from attnres.tracking.db import get_engine
+
+pytestmark = pytest.mark.integration
 
 
 def test_detached_queue_runs_cpu_jobs_one_after_the_other(workdir):

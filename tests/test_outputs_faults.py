@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAST, attnres, in_process, runs
+from helpers import FAST, attnres, in_process, runs
 
 from attnres import outputs
 from attnres.errors import AttnresError
@@ -195,8 +195,9 @@ def test_a_checkpoint_folder_deleted_between_or_during_saves_is_made_again(tmp_p
     assert "was deleted during the save at step 3; writing it again" in capfd.readouterr().err
 
 
+@pytest.mark.integration
 def test_gpus_on_a_cpu_machine_warn_then_the_run_trains_and_a_deleted_log_is_gone(workdir, capsys, monkeypatch):
-    from attnres.runs.backends.local import gpu_driver_loaded, visible_gpus
+    from attnres.runs.backends.devices import gpu_driver_loaded, visible_gpus
 
     if gpu_driver_loaded() and visible_gpus():
         pytest.skip("this machine has GPUs")
@@ -220,6 +221,7 @@ def test_a_queued_run_without_a_log_has_none_yet(workdir, capsys, monkeypatch):
     assert code == 2 and "run 1 has no log yet" in err
 
 
+@pytest.mark.integration
 def test_a_trainer_started_after_its_run_was_killed_leaves_one_line(workdir, capsys, monkeypatch):
     engine = get_engine(str(workdir / "runs.db"))
     run = store.create_run(engine, resolve_run("standard", "tiny", 1, ["steps=4"]))
@@ -234,6 +236,7 @@ def test_a_trainer_started_after_its_run_was_killed_leaves_one_line(workdir, cap
     assert runs(workdir)[0]["status"] == states.KILLED and runs(workdir)[0]["started_at"] is None
 
 
+@pytest.mark.integration
 def test_status_shows_how_long_a_running_run_was_not_heard_from(workdir, capsys, monkeypatch):
     path = workdir / "running.csv"
     path.write_text("variant,seed,step,key,value,status\nstandard,1,10,train_loss,3.0,running\n"

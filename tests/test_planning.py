@@ -59,4 +59,5 @@ def test_resume_refuses_runs_that_are_not_interrupted_and_changes_nothing(tmp_pa
     with pytest.raises(AttnresError, match=f"run {b} is queued"):
         orchestrator.reopen(engine, [a, b])
     assert store.status_of(engine, a) == states.FAILED  # checked all before changing any
-    assert orchestrator.reopen(engine, [a])[0] == 1 and store.status_of(engine, a) == states.QUEUED
+    assert orchestrator.reopen(engine, [a]) == [f"run {a} (standard, seed 1): no checkpoint: starting over from step 0"]
+    assert store.status_of(engine, a) == states.QUEUED

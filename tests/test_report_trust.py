@@ -10,7 +10,7 @@ import sqlite3
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import FAST, attnres, database_at, in_process, runs
+from helpers import FAST, attnres, database_at, in_process, runs
 from scipy import stats
 from seed_scenario import rows as seed_rows
 from sqlalchemy import create_engine
@@ -60,6 +60,7 @@ def cost_rows(text: str) -> dict[str, list[str]]:
                                           for ln in part.splitlines() if ln.startswith("| ") and "---" not in ln)}
 
 
+@pytest.mark.integration
 def test_seed_document_regenerated_from_its_figures(workdir):
     """The seed's own situation: its tables where the seed is consistent; where it is not, ours say why."""
     import_seed(workdir)
@@ -118,6 +119,7 @@ def test_seed_document_regenerated_from_its_figures(workdir):
         assert (workdir / "r_figures" / png).stat().st_size > 10_000
 
 
+@pytest.mark.integration
 def test_one_database_many_experiments_never_mixes_them(workdir):
     import_seed(workdir)
     engine = get_engine(str(workdir / "runs.db"))
@@ -178,6 +180,7 @@ def random_database(engine, rng: random.Random) -> None:
                                                (10, "depth:1:embedding", 0.6)])
 
 
+@pytest.mark.integration
 def test_no_database_content_crashes_the_report(workdir):
     """Missing evals, NaN and inf, single runs, running and ended rows, two experiments: the report is
     written, or one clear line says why not (the CLI's exit 2)."""
@@ -279,6 +282,7 @@ def test_figures_colour_each_variant_once_and_do_not_overprint_labels():
     assert named == ["block_gqa_depth", "control_block", "standard"]
 
 
+@pytest.mark.integration
 def test_compare_plot_draws_delta_against_the_first(workdir):
     engine = get_engine(str(workdir / "runs.db"))
     for seed, (b, c) in {1: (3.0, 2.9), 2: (3.2, 3.0)}.items():
@@ -297,6 +301,7 @@ def test_provenance_never_shows_credentials():
     assert url == "postgresql+psycopg://db.example:5432/runs"
 
 
+@pytest.mark.integration
 def test_depth_maps_are_recorded_drawn_and_named(workdir, capsys, monkeypatch):
     """A real run records each site's mean weight per source at every eval (summing to 1 per site);
     the report names long skips and the embedding's weight; `attnres inspect` draws one run's map."""
@@ -323,6 +328,7 @@ def test_depth_maps_are_recorded_drawn_and_named(workdir, capsys, monkeypatch):
         assert code == 2 and says in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.integration
 def test_upgrade_to_experiments_keeps_runs_and_files_them_by_preset(workdir):
     db = workdir / "runs.db"
     database_at(db, "0003", preset="small")

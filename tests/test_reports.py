@@ -6,12 +6,14 @@ import math
 
 import numpy as np
 import pytest
-from conftest import attnres
+from helpers import attnres
 from scipy import stats
 
 from attnres.tracking import states, store
 from attnres.tracking.db import get_engine
 from attnres.variants.registry import resolve_run
+
+pytestmark = pytest.mark.integration
 
 BASE = {42: 3.00, 1337: 3.04, 123: 3.08}  # standard's eval loss at step 100
 HYBRID = {42: 2.90, 1337: 2.92, 123: 2.95, 456: 2.93}

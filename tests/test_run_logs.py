@@ -8,7 +8,7 @@ import re
 import signal
 
 import pytest
-from conftest import FAST, LONG, attnres, runs, wait_for
+from helpers import FAST, LONG, attnres, runs, wait_for
 
 from attnres.tracking import states
 from attnres.training import checkpoint, loop
@@ -37,6 +37,7 @@ def progress_steps(out: str, steps: int) -> list[int]:
     return [int(m[1]) for m in re.finditer(rf"^step (\d+)/{steps} train \d+\.\d{{4}} · [\d,]+ tok/s$", out, re.M)]
 
 
+@pytest.mark.integration
 def test_each_attempt_starts_the_log_with_a_header_and_a_killed_tiny_run_resumes_from_its_last_eval(workdir):
     # Too long to finish: the kills always find it going. FAST evals every 10 steps; checkpoint_every is tiny's 0.
     attnres("launch", "standard", "--seeds", "7", "--steps", LONG, *FAST, "--detach", check=True)

@@ -7,10 +7,12 @@ import sqlite3
 import subprocess
 
 import pytest
-from conftest import FAST, FAST_GPT2, LONG, attnres, runs, wait_for
+from helpers import FAST, FAST_GPT2, LONG, attnres, runs, wait_for
 
 from attnres.tracking import store
 from attnres.tracking.db import get_engine
+
+pytestmark = pytest.mark.integration
 
 PG = os.environ.get("ATTNRES_TEST_PG_URL")
 SLURM = os.environ.get("ATTNRES_TEST_SLURM") == "1"

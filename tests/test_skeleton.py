@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import sqlite3
 
-from conftest import FAST, FAST_GPT2, attnres
+import pytest
+from helpers import FAST, FAST_GPT2, attnres
+
+pytestmark = pytest.mark.integration
 
 
 def eval_curve(db: str, run_id: int) -> list[tuple[int, float]]:

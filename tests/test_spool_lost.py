@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FAST, LONG, attnres, runs, train_steps, wait_for
+from helpers import FAST, LONG, attnres, runs, train_steps, wait_for
 from sqlalchemy.exc import OperationalError
 
 from attnres.runs.backends.local import process_alive
@@ -161,6 +161,7 @@ def a_checkpoint_past_the_database(workdir, db) -> None:
     wait_for(now, timeout=120, every=0)
 
 
+@pytest.mark.integration
 def test_logs_deleted_then_a_sigkill_then_resume_leaves_no_hole(workdir):
     """The issue's sequence: logs folder deleted mid-run, trainer and torchrun SIGKILLed after, resume.
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import attnres, database_at
+from helpers import attnres, database_at, values
 
 from attnres.runs.status import status_rows
 from attnres.tracking import spool, states, store
@@ -25,11 +25,6 @@ def engine(tmp_path):
 
 def new_run(engine, seed: int = 1, status: str = states.FINISHED) -> int:
     return store.create_run(engine, resolve_run("standard", "tiny", seed), actor=states.IMPORTER, status=status)
-
-
-def values(engine, run_id: int, key: str) -> dict[int, float]:
-    frame = store.metrics_frame(engine, [key], [run_id])
-    return dict(zip(frame["step"], frame["value"], strict=True))
 
 
 def test_a_logged_step_is_one_spool_line_and_both_line_forms_are_read_back(engine, tmp_path):
@@ -105,6 +100,7 @@ def test_status_lists_the_active_runs_and_the_most_recent_with_their_latest_valu
     assert [r["run"] for r in every] == [queued, *ids]
 
 
+@pytest.mark.integration
 def test_status_and_variants_answer_without_torch_or_pandas(engine, tmp_path):
     """Nor does status of ended runs load the ORM (0.3 s of its second): only an active run's check does."""
     new_run(engine, status=states.KILLED)
@@ -126,6 +122,7 @@ def test_the_status_reads_name_only_columns_of_the_schema():
         assert set(t.c.keys()) <= set(Base.metadata.tables[t.name].c.keys()), t.name
 
 
+@pytest.mark.integration
 def test_status_cli_says_how_many_runs_it_left_out(workdir):
     engine = get_engine(str(workdir / "runs.db"))
     for seed in range(25):
@@ -136,6 +133,7 @@ def test_status_cli_says_how_many_runs_it_left_out(workdir):
     assert "of 25 runs" not in full and full.count("killed") == 25
 
 
+@pytest.mark.integration
 def test_bench_tracker_prints_ours_beside_raw_sqlite_as_json(workdir):
     out = attnres("bench", "tracker", "--json", "--rows", "2000", "--runs", "3", "--steps", "60",
                   "--status-runs", "30", "--repeat", "1", check=True).stdout
@@ -147,6 +145,7 @@ def test_bench_tracker_prints_ours_beside_raw_sqlite_as_json(workdir):
     assert got["log_call_p50_us"] <= got["log_call_p99_us"]
 
 
+@pytest.mark.integration
 def test_upgrade_to_clustered_metrics_keeps_every_row(workdir):
     db = workdir / "runs.db"
     database_at(db, "0004")

@@ -4,7 +4,6 @@ by an earlier attnres left half done is completed, put back from its copy, or re
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import signal
@@ -14,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import attnres, database_at, wait_for
+from helpers import attnres, database_at, metric_rows, sha, wait_for
 
 from attnres.tracking.db import _ADDS, HEAD
 
@@ -42,21 +41,12 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return db
 
 
-def sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def backups(db: Path) -> list[Path]:
     return sorted(db.parent.glob(db.name + ".before-upgrade-*"))
 
 
 def complete(db: Path) -> list[Path]:
     return [p for p in backups(db) if ".partial" not in p.name]
-
-
-def metric_count(db: Path) -> int:
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        return conn.execute("select count(*) from metrics").fetchone()[0]
 
 
 def start_upgrade(db: Path) -> subprocess.Popen:
@@ -89,6 +79,7 @@ KILL_AT = {
 ORIGINAL: dict[Path, int] = {}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("point", "journal"), [("copying", "delete"), ("copied", "delete"),
                                                 ("migrating", "delete"), ("migrating", "wal")])
 def test_a_killed_upgrade_leaves_the_file_as_it_was_and_a_rerun_finishes_it(here, big, point, journal):
@@ -107,7 +98,7 @@ def test_a_killed_upgrade_leaves_the_file_as_it_was_and_a_rerun_finishes_it(here
     interrupted = Path(f"{db}.upgrading").exists()  # (the kill found the upgrade between copy and commit)
     now = schema(db)  # all or nothing: wholly as it was, or wholly upgraded
     assert now == first or ("alembic_version", HEAD) in now, now - first
-    assert metric_count(db) == ROWS
+    assert metric_rows(db, None) == ROWS
 
     again = attnres("db", "upgrade", "--db", str(db))
     assert again.returncode == 0, f"killed {landed} at {point}: {again.stdout}{again.stderr}"
@@ -116,7 +107,7 @@ def test_a_killed_upgrade_leaves_the_file_as_it_was_and_a_rerun_finishes_it(here
         assert "an earlier upgrade of this file" in again.stdout, again.stdout
     status = attnres("status", "--db", str(db), check=True).stdout
     assert "finished" in status
-    assert metric_count(db) == ROWS  # every metric row is there
+    assert metric_rows(db, None) == ROWS  # every metric row is there
     with sqlite3.connect(db) as conn:
         assert conn.execute("select version_num from alembic_version").fetchall() == [(HEAD,)]
         assert "WITHOUT ROWID" in conn.execute("select sql from sqlite_master where name = 'metrics'").fetchone()[0]
@@ -124,12 +115,13 @@ def test_a_killed_upgrade_leaves_the_file_as_it_was_and_a_rerun_finishes_it(here
     kept = complete(db)
     assert len(kept) == 1 and backups(db) == kept and not Path(f"{db}.upgrading").exists()
     assert str(kept[0]) in (again.stdout + proc.stdout.read()).replace("\n", "")
-    assert metric_count(kept[0]) == ROWS
+    assert metric_rows(kept[0], None) == ROWS
     with sqlite3.connect(kept[0]) as conn:
         assert "alembic_version" not in {r[0] for r in conn.execute("select name from sqlite_master")}
     print(f"kill at {point} ({journal}): landed {landed}, {'an' if interrupted else 'no'} upgrade under way")
 
 
+@pytest.mark.integration
 def test_a_migration_failing_late_leaves_the_file_byte_identical_and_names_the_copy(here, big):
     db = here / "runs.db"
     shutil.copy(big, db)
@@ -145,9 +137,10 @@ def test_a_migration_failing_late_leaves_the_file_byte_identical_and_names_the_c
     assert sha(db) == before  # byte for byte as it was
     (kept,) = complete(db)
     assert str(kept) in proc.stderr and f"{BACKUP_LINE}{kept}" in proc.stdout.replace("\n", "")
-    assert metric_count(kept) == ROWS and not Path(f"{db}.upgrading").exists()
+    assert metric_rows(kept, None) == ROWS and not Path(f"{db}.upgrading").exists()
 
 
+@pytest.mark.integration
 def test_a_migration_refusing_leaves_the_file_byte_identical(here):
     db = here / "runs.db"
     database_at(db, "0001")
@@ -164,6 +157,7 @@ def test_a_migration_refusing_leaves_the_file_byte_identical(here):
     assert str(kept) in proc.stderr
 
 
+@pytest.mark.integration
 def test_a_stamp_lost_by_an_earlier_attnres_is_one_line_then_upgraded(here):
     """The issue's wedge: an empty alembic_version table (the old upgrade committed its CREATE only)."""
     db = here / "runs.db"
@@ -178,6 +172,7 @@ def test_a_stamp_lost_by_an_earlier_attnres_is_one_line_then_upgraded(here):
     assert "finished" in attnres("status", check=True).stdout
 
 
+@pytest.mark.integration
 def test_a_migration_begun_by_an_earlier_attnres_is_made_again(here):
     """The old upgrade also committed the first migration's leading DDL: its columns and tables are dropped
     and made again, in the one transaction."""
@@ -193,6 +188,7 @@ def test_a_migration_begun_by_an_earlier_attnres_is_made_again(here):
     assert "finished" in attnres("status", check=True).stdout
 
 
+@pytest.mark.integration
 def test_a_file_it_cannot_repair_is_refused_unchanged_or_put_back_from_its_copy(here):
     db = here / "runs.db"
     database_at(db, "0001")

@@ -340,10 +340,11 @@ def test_depth_variants_carry_a_revision_that_separates_their_runs_from_older_on
         check_revision(older, 7)
 
 
+@pytest.mark.integration
 def test_resume_refuses_a_run_recorded_by_an_earlier_revision(workdir):
     from dataclasses import replace
 
-    from conftest import attnres
+    from helpers import attnres
 
     from attnres.tracking import store
     from attnres.tracking.db import get_engine
@@ -357,8 +358,9 @@ def test_resume_refuses_a_run_recorded_by_an_earlier_revision(workdir):
     assert store.get_run(engine, old).status == "failed"  # nothing recorded changed
 
 
+@pytest.mark.integration
 def test_launching_a_deep_variant_on_deep48_is_one_line_and_exit_2(workdir):
-    from conftest import attnres
+    from helpers import attnres
 
     proc = attnres("launch", "deep_baseline", "--preset", "deep48", "--seeds", "1", "--dry-run")
     assert proc.returncode == 2 and proc.stdout == ""
@@ -377,8 +379,9 @@ def test_variants_params_at_deep48_lists_the_deep_variants_as_refused():
     assert all("use --preset paper500m" in rows[v]["total"] for v in refused)
 
 
+@pytest.mark.integration
 def test_resume_of_an_imported_run_is_one_line(workdir):
-    from conftest import attnres
+    from helpers import attnres
 
     (workdir / "m.csv").write_text("variant,seed,step,key,value,status\nstandard,1,10,eval_loss,3.0,failed\n")
     attnres("import", "m.csv", check=True)

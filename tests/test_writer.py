@@ -6,7 +6,7 @@ import json
 import sqlite3
 
 import pytest
-from conftest import wait_for
+from helpers import values, wait_for
 
 from attnres.errors import AttnresError
 from attnres.tracking import spool, states, store
@@ -22,11 +22,6 @@ def engine(tmp_path):
 
 def queued(engine) -> int:
     return store.create_run(engine, resolve_run("standard", "tiny", 1))
-
-
-def values(engine, run_id: int, key: str) -> dict[int, float]:
-    frame = store.metrics_frame(engine, [key], [run_id])
-    return dict(zip(frame["step"], frame["value"], strict=True))
 
 
 def test_the_spool_holds_the_whole_run_until_the_writer_closes_with_everything_confirmed(engine, tmp_path):

@@ -25,7 +25,7 @@ Three implementations compute the forward and backward: PyTorch ops (any device;
 the mix in float32 or wider whatever the sources' dtype, though under autocast the residual module
 hands it float32 sources anyway); on CPU, for float32 and float64, a fused C kernel
 (``depth_attend.c``, built by :mod:`attnres.model.cpu_kernel`); and on CUDA a Triton kernel
-(``depth_attend_triton.py``, called by :mod:`attnres.model.gpu_kernel` through custom ops, so that
+(``triton_kernel.py``, called by :mod:`attnres.model.gpu_kernel` through custom ops, so that
 ``torch.compile`` keeps the model one graph), which the tests run on CPU in Triton's interpreter.
 Eager PyTorch makes about ten passes over a (tokens x d_model) tensor per (site, source) pair; the
 kernels read each source a tile of tokens at a time. All save the same tensors and are checked
@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnres.logline import say
-from attnres.model import cpu_kernel, gpu_kernel
+from attnres.model import cpu_kernel, depth_kernels, gpu_kernel
 
 
 def rms_rsqrt(x: Tensor, eps: float, scale: float = 1.0) -> Tensor:
@@ -52,14 +52,6 @@ def rms_rsqrt(x: Tensor, eps: float, scale: float = 1.0) -> Tensor:
         dt = torch.promote_types(x.dtype, torch.float32)
         ms = torch.linalg.vector_norm(x, dim=-1, dtype=dt).pow_(2).mul_(scale * scale / x.shape[-1])
         return ms.add_(eps).rsqrt_()
-
-
-def _scale_tensors(scales: tuple | None, like: Tensor) -> tuple[Tensor | None, Tensor | None]:
-    """Key and value scales as (1, n, 1) tensors, or None when there are none."""
-    if scales is None:
-        return None, None
-    ks, vs = (torch.tensor(sc, dtype=like.dtype, device=like.device)[None, :, None] for sc in scales)
-    return ks, vs
 
 
 class _Attend(torch.autograd.Function):
@@ -89,15 +81,15 @@ class _Attend(torch.autograd.Function):
             given = [u, rs, *flat, *(t for t in (bias, prior, prior_lse) if t is not None)]
         ctx.fused = None if ctx.triton else cpu_kernel.kernel(given)
         if ctx.triton:
-            return _forward_triton(ctx, u, rs, bias, prior, prior_lse, keys, values, n_sites)
+            return depth_kernels.forward_triton(ctx, u, rs, bias, prior, prior_lse, keys, values, n_sites)
         if ctx.fused is not None:
-            return _forward_c(ctx, u, rs, bias, prior, prior_lse, keys, values, n_sites)
+            return depth_kernels.forward_c(ctx, u, rs, bias, prior, prior_lse, keys, values, n_sites)
         # logits in the statistics' dtype (float32 or wider) even for bf16 sources: a logit rounded to
         # bf16 is off by up to 0.4 % of its size, an error in the softmax's exponent that grows with it
         dot = torch.linalg.vecdot if per_token else F.linear  # a key's cdt copy lives for one dot only
         dots = torch.stack([dot(key.to(cdt), u[i].to(cdt)) for key, i in zip(keys, iu, strict=True)], 1)
         dots = dots[:, :, None] if per_token else dots
-        ks, vs = _scale_tensors(scales, rs)
+        ks, vs = depth_kernels.scale_tensors(scales, rs)
         dots = dots if ks is None else dots * ks  # (N, n, S): K . u, before the norm
         logits = dots * rs[:, :, None]
         if bias is not None:
@@ -114,7 +106,7 @@ class _Attend(torch.autograd.Function):
         for k in range(1 - off, n):  # each source read once for all sites
             for s, o in enumerate(outs):
                 o.addcmul_(values[k], wv[:, off + k, s, None])
-        return _save(ctx, u, rs, w, dots, keys, values, outs, lse)
+        return depth_kernels.save(ctx, u, rs, w, dots, keys, values, outs, lse)
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
@@ -129,11 +121,11 @@ class _Attend(torch.autograd.Function):
     def gradients(ctx: Any, grads: Sequence[Tensor | None]) -> tuple[Tensor | None, ...]:
         """The gradients of forward's arguments as if every source had been passed as its own tensor."""
         if ctx.triton:
-            return _backward_triton(ctx, grads)
+            return depth_kernels.backward_triton(ctx, grads)
         if ctx.fused is not None:
-            return _backward_c(ctx, grads)
+            return depth_kernels.backward_c(ctx, grads)
         n, off, iu = ctx.n, ctx.off, ctx.iu
-        u, rs, w, dots, keys, values, outs = _saved(ctx)
+        u, rs, w, dots, keys, values, outs = depth_kernels.saved(ctx)
         n_sites = w.shape[2]
         g_out = [g if g is not None else torch.zeros_like(values[0]) for g in grads[:n_sites]]
         g_lse = grads[n_sites]
@@ -144,7 +136,7 @@ class _Attend(torch.autograd.Function):
             return torch.mul(a, b, out=scratch).sum(-1, dtype=cdt)
 
         # softmax backward: d logit_k = w_k (V_k . G - out . G) (+ w_k d lse)
-        ks, vs = _scale_tensors(ctx.scales, rs)
+        ks, vs = depth_kernels.scale_tensors(ctx.scales, rs)
         g = torch.stack([torch.stack([rowdot(v, gs) for gs in g_out], 1) for v in values], 1)  # (N, n, S)
         g = g if vs is None else g * vs
         wk = w[:, off:]
@@ -189,114 +181,8 @@ class _Attend(torch.autograd.Function):
             d_keys.append(dk)
             if ctx.has_values:
                 d_values.append(dv)
-        d_u = _query_grad(u, keys, alpha, iu, ctx.per_token)
+        d_u = depth_kernels.query_grad(u, keys, alpha, iu, ctx.per_token)
         return (None, None, None, None, d_u, None, d_bias, d_prior, d_prior_lse, *d_keys, *d_values)
-
-
-def _forward_c(ctx: Any, u: Tensor, rs: Tensor, bias: Tensor | None, prior: Tensor | None,
-               prior_lse: Tensor | None, keys: Sequence[Tensor], values: Sequence[Tensor],
-               n_sites: int) -> tuple[Tensor, ...]:
-    """:class:`_Attend`'s forward in the C kernel; saves the same tensors as the PyTorch path."""
-    n, (big_n, d) = len(keys), keys[0].shape
-    keys, values = [k.contiguous() for k in keys], [v.contiguous() for v in values]
-    u, rs, dt = u.contiguous(), rs.contiguous(), keys[0].dtype
-    # converted copies are kept in locals: the C call reads them after this line
-    bias, prior, prior_lse, ks, vs = (_c(t, dt) for t in (bias, prior, prior_lse, *_scale_tensors(ctx.scales, rs)))
-    outs = [torch.empty_like(keys[0]) for _ in range(n_sites)]
-    lse = rs.new_empty(big_n, n_sites)
-    w = rs.new_empty(big_n, n + ctx.off, n_sites)
-    dots = rs.new_empty(big_n, n, n_sites)
-    p, ps = cpu_kernel.ptr, cpu_kernel.ptrs
-    ctx.fused[0](big_n, d, n, n_sites, u.shape[0], int(ctx.per_token), ps(keys), ps(values), p(u), p(rs), p(bias),
-                 p(ks), p(vs), p(prior), p(prior_lse), ps(outs), p(lse), p(w), p(dots))
-    return _save(ctx, u, rs, w, dots, keys, values, outs, lse)
-
-
-def _backward_c(ctx: Any, grads: Sequence[Tensor | None]) -> tuple[Tensor | None, ...]:
-    """:class:`_Attend`'s backward in the C kernel."""
-    n, off = ctx.n, ctx.off
-    u, rs, w, dots, keys, values, outs = _saved(ctx)
-    n_sites, (big_n, d), dt = w.shape[2], keys[0].shape, keys[0].dtype
-    g_out = [_c(g, dt) for g in grads[:n_sites]]
-    g_lse = _c(grads[n_sites], dt)
-    ks, vs = (_c(t, dt) for t in _scale_tensors(ctx.scales, rs))
-    d_keys = [torch.empty_like(k) for k in keys]
-    d_values = [torch.empty_like(v) for v in values] if ctx.has_values else []
-    d_u = torch.zeros_like(u)
-    d_bias = rs.new_zeros(n, n_sites) if ctx.has_bias else None
-    d_prior = torch.empty_like(outs[0]) if off else None
-    d_prior_lse = rs.new_empty(big_n) if off else None
-    p, ps = cpu_kernel.ptr, cpu_kernel.ptrs
-    ctx.fused[1](big_n, d, n, n_sites, u.shape[0], int(ctx.per_token), int(ctx.has_values), ps(keys), ps(values),
-                 p(u), p(rs), p(ks), p(vs), p(w), p(dots), off, ps(list(outs) or [None]), ps(g_out), p(g_lse),
-                 ps(d_keys), ps(d_values or [None]), p(d_u), p(d_bias), p(d_prior), p(d_prior_lse))
-    return (None, None, None, None, d_u, None, d_bias, d_prior, d_prior_lse, *d_keys, *d_values)
-
-
-def _forward_triton(ctx: Any, u: Tensor, rs: Tensor, bias: Tensor | None, prior: Tensor | None,
-                    prior_lse: Tensor | None, keys: Sequence[Tensor], values: Sequence[Tensor],
-                    n_sites: int) -> tuple[Tensor, ...]:
-    """:class:`_Attend`'s forward in the Triton kernel; saves the same tensors as the other paths."""
-    ks, vs = (_flat(t) for t in _scale_tensors(ctx.scales, rs))
-    outs, lse, w, dots = gpu_kernel.forward(u, rs, bias, ks, vs, prior, prior_lse, keys, values, n_sites,
-                                            ctx.per_token)
-    return _save(ctx, u, rs, w, dots, keys, values, outs, lse)
-
-
-def _backward_triton(ctx: Any, grads: Sequence[Tensor | None]) -> tuple[Tensor | None, ...]:
-    """:class:`_Attend`'s backward in the Triton kernel (the sums over tokens, for the query and the
-    bias, from the logits' gradients it gives, as the PyTorch path makes them)."""
-    u, rs, w, dots, keys, values, outs = _saved(ctx)
-    n_sites = w.shape[2]
-    g_out = [torch.zeros_like(keys[0]) if g is None else g for g in grads[:n_sites]]  # (the op takes their dtype)
-    ks, vs = _scale_tensors(ctx.scales, rs)
-    d_logit, d_prior, d_prior_lse, d_keys, d_values = gpu_kernel.backward(
-        u, rs, w, dots, _flat(ks), _flat(vs), keys, values, outs, g_out, grads[n_sites], ctx.per_token,
-        ctx.has_values, bool(ctx.off))
-    alpha = d_logit * rs[:, :, None] if ks is None else d_logit * rs[:, :, None] * ks
-    d_bias = d_logit.sum(0) if ctx.has_bias else None
-    d_u = _query_grad(u, keys, alpha, ctx.iu, ctx.per_token)
-    return (None, None, None, None, d_u, None, d_bias, d_prior, d_prior_lse, *d_keys, *d_values)
-
-
-def _query_grad(u: Tensor, keys: Sequence[Tensor], alpha: Tensor, iu: Sequence[int], per_token: bool) -> Tensor:
-    """The effective queries' gradient, a sum over tokens: ``alpha`` (N, n, S) is d loss / d (K . u)."""
-    d_u = torch.zeros_like(u)
-    for k, i in enumerate(iu):
-        key = keys[k].to(u.dtype)  # summed over tokens: never in bf16
-        if per_token:
-            d_u[i].addcmul_(key, alpha[:, k].to(u.dtype))
-        elif alpha.shape[2] == 1:  # a matrix-vector product: a K=1 GEMM is slow on CPU
-            d_u[i, 0] += torch.mv(key.t(), alpha[:, k, 0].to(u.dtype))
-        else:
-            d_u[i] += alpha[:, k].t().to(u.dtype) @ key
-    return d_u
-
-
-def _flat(scale: Tensor | None) -> Tensor | None:
-    """A (1, n, 1) scale tensor as the kernels read it, (n,)."""
-    return None if scale is None else scale.reshape(-1)
-
-
-def _save(ctx: Any, u: Tensor, rs: Tensor, w: Tensor, dots: Tensor, keys: Sequence[Tensor],
-          values: Sequence[Tensor], outs: list[Tensor], lse: Tensor) -> tuple[Tensor, ...]:
-    """Save what either backward reads (the same tensors on both paths); return the outputs."""
-    ctx.save_for_backward(u, rs, w, dots, *keys, *(values if ctx.has_values else ()), *(outs if ctx.off else ()))
-    ctx.mark_non_differentiable(w)
-    return (*outs, lse, w)
-
-
-def _saved(ctx: Any) -> tuple[Tensor, Tensor, Tensor, Tensor, Sequence[Tensor], Sequence[Tensor], Sequence[Tensor]]:
-    """What :func:`_save` saved: (u, rs, w, dots, keys, values, outs of a merge)."""
-    u, rs, w, dots, *rest = ctx.saved_tensors
-    n, m = ctx.n, 2 * ctx.n if ctx.has_values else ctx.n
-    keys = rest[:n]
-    return u, rs, w, dots, keys, (rest[n:m] if ctx.has_values else keys), rest[m:]
-
-
-def _c(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
-    """``t`` as a contiguous tensor of ``dtype``, for the C kernel (scales (1, n, 1) are read as (n,))."""
-    return None if t is None else t.to(dtype).contiguous()
 
 
 def attend(keys: Sequence[Tensor], u: Tensor, rs: Sequence[Tensor], *, values: Sequence[Tensor] | None = None,

@@ -17,9 +17,9 @@ from attnres.config import RunConfig
 from attnres.errors import AttnresError
 from attnres.logline import say
 from attnres.runs import backends, grid
-from attnres.runs.backends import Placement, Submitted
+from attnres.runs.backends import Submitted
 from attnres.runs.planning import LaunchRequest, PlannedRun, check_data, git_commit
-from attnres.tracking import launches, mirror_marks, spool, states, store
+from attnres.tracking import launches, lifecycle, mirror_marks, states, store
 from attnres.variants.registry import check_revision
 
 #: what reopening a run clears: the end and the message of its last attempt
@@ -44,19 +44,12 @@ def _reopen(engine: Engine, run_id: int, stage: Stage, **fields: object) -> stat
     if run.status != states.PREEMPTED:
         fields["launch_id"] = stage(engine)
     path = store.spool_path(run)
-    with spool.held(path):
-        _record_spool(engine, run_id, path)
-        return states.transition(engine, run_id, states.QUEUED, states.LAUNCHER, **_REOPENED, job_id=None,
-                                 **fields)
-
-
-def _record_spool(engine: Engine, run_id: int, path: Path) -> None:
-    """Ingest a run's spool (a spool the database cannot take is one clear error naming the run)."""
-    if path.exists() and path.stat().st_size:
-        try:
-            spool.ingest(engine, path)
-        except AttnresError as exc:
-            raise AttnresError(f"run {run_id}: {exc}") from None
+    try:
+        with lifecycle.recover(engine, path):  # what the last attempt wrote is in before the run reopens
+            return lifecycle.move(engine, run_id, states.QUEUED, states.LAUNCHER, **_REOPENED, job_id=None,
+                                  **fields)
+    except AttnresError as exc:  # a spool the database cannot take: one clear error naming the run
+        raise AttnresError(f"run {run_id}: {exc}") from None
 
 
 class Stage:
@@ -149,11 +142,11 @@ def launch_plan(engine: Engine, db_url: str, batches: Sequence[tuple[LaunchReque
                   more=more)
 
 
-def reopen(engine: Engine, run_ids: Sequence[int], restart: bool = False) -> tuple[int, list[str]]:
-    """Queue interrupted local runs again, to continue from their checkpoint; returns their ranks per run and
-    a line per run saying where it continues ("from step N", or "no checkpoint: starting over from step 0").
+def reopen(engine: Engine, run_ids: Sequence[int], restart: bool = False) -> list[str]:
+    """Queue interrupted runs again, to continue from their checkpoint; returns a line per run saying where it
+    continues ("from step N", or "no checkpoint: starting over from step 0").
 
-    Every run is checked first (resumable, recorded by this revision of its variant, local): a
+    Every run is checked first (resumable, recorded by this revision of its variant, on a known backend): a
     refusal changes nothing. With ``restart`` a run starts over from step 0: its checkpoints are
     moved aside (``checkpoints/run-ID.restart-K``, kept). Values its last attempt recorded past the
     step it continues from are dropped now, so that `attnres status` never shows one attempt's step
@@ -167,13 +160,14 @@ def reopen(engine: Engine, run_ids: Sequence[int], restart: bool = False) -> tup
         if "model" not in config:
             raise AttnresError(f"run {r.id} was imported (recorded elsewhere): there is nothing here to resume")
         check_revision(RunConfig.from_dict(config), r.id)
-        if (r.backend or "local") != "local":
-            raise AttnresError(f"run {r.id} ran on {r.backend}: launch its grid again with --backend {r.backend}, "
-                               "which continues it from its checkpoint")
+        if backends.backend_of(r) not in backends.REGISTRY:
+            raise AttnresError(f"run {r.id} ran on backend '{r.backend}', which this installation does not have")
     for r in runs:  # every spool first: a refusal then leaves no run reopened with nothing to start it
-        path = store.spool_path(r)
-        with spool.held(path):
-            _record_spool(engine, r.id, path)
+        try:
+            with lifecycle.recover(engine, store.spool_path(r)):
+                pass
+        except AttnresError as exc:
+            raise AttnresError(f"run {r.id}: {exc}") from None
     stage = Stage(launches.RESUME)
     lines: list[str] = []
     for r in runs:
@@ -199,7 +193,7 @@ def reopen(engine: Engine, run_ids: Sequence[int], restart: bool = False) -> tup
                              "over from step 0 (its checkpoints are set aside, kept)" if hole is not None and at is None
                         else f"from step {at} of {r.total_steps} (its last checkpoint)" if at is not None
                         else "no checkpoint: starting over from step 0"))
-    return max(r.world_size for r in runs), lines
+    return lines
 
 
 def _first_hole(engine: Engine, r: object) -> int | None:
@@ -223,13 +217,22 @@ def _set_aside(folder: Path) -> None:
 
 def resume(engine: Engine, db_url: str, run_ids: Sequence[int], *, detach: bool = False, restart: bool = False,
            on_tick: Callable[[], None] | None = None) -> Submitted:
-    """Continue interrupted runs from their last checkpoint (or from step 0: ``restart``), on this machine."""
+    """Continue interrupted runs from their last checkpoint (or from step 0: ``restart``), each through the
+    backend it ran on (this machine's queue, a SLURM job, ...)."""
     backends.reconcile(engine)  # the first command after a crash: runs whose processes died are ended first
-    nproc, lines = reopen(engine, run_ids, restart)
+    lines = reopen(engine, run_ids, restart)
     for line in lines:
         say(line)  # before the queue starts (a foreground queue returns when the runs end)
-    return backends.get("local").submit(engine, db_url, run_ids, Placement(nproc=nproc), detach=detach,
-                                        on_tick=on_tick)
+    runs = [store.get_run(engine, rid) for rid in run_ids]
+    done = Submitted(results=None)
+    for name in dict.fromkeys(backends.backend_of(r) for r in runs):
+        backend, ids = backends.get(name), [r.id for r in runs if backends.backend_of(r) == name]
+        got = backend.resume(engine, db_url, ids, backend.placement_of([r for r in runs if r.id in ids]),
+                             detach=detach, on_tick=on_tick)
+        done.lines += got.lines
+        if got.results is not None:
+            done.results = {**(done.results or {}), **got.results}
+    return done
 
 
 def kill(engine: Engine, run_ids: Sequence[int] | None) -> list[int]:
@@ -249,8 +252,8 @@ def sync(engine: Engine, files: Sequence[Path] | None = None) -> list[tuple[Path
     """Ingest spools (default: every non-empty one under the logs folder) into the database."""
     done = []
     for path in files or paths.spools():
-        with spool.held(path):  # not while a queue, monitor or relaunch is recording the same spool
-            done.append((path, spool.ingest(engine, path)))
+        with lifecycle.recover(engine, path) as recovered:  # not while a queue, monitor or relaunch records it
+            done.append((path, recovered.counts))
     from attnres.tracking import completeness
 
     completeness.recheck(engine, states.MONITOR)  # an incomplete run whose rows the spools held is finished

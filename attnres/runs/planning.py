@@ -26,7 +26,7 @@ from attnres import paths
 from attnres.config import RunConfig
 from attnres.data.prepare import BUILTIN, ensure_builtin, read_manifest
 from attnres.errors import AttnresError
-from attnres.runs import backends, grid
+from attnres.runs import DEFAULT_BACKEND, backends, grid
 from attnres.runs.backends import Placement
 from attnres.tracking import states, store
 from attnres.variants.registry import canonical, resolve_run
@@ -57,7 +57,7 @@ class LaunchRequest:
     preset: str = "tiny"
     overrides: list[str] = field(default_factory=list)
     data: str = "builtin"
-    backend: str = "local"
+    backend: str = DEFAULT_BACKEND
     placement: Placement = field(default_factory=Placement)
     rule: dict | None = None  # early-stop rule: {"baseline", "by", "at_step"}
     force: bool = False
@@ -72,7 +72,7 @@ class LaunchRequest:
 
 
 def request(variants: list[str], seeds: list[int] | None, preset: str = "tiny", steps: int | None = None,
-            overrides: list[str] | None = None, data: str = "builtin", backend: str = "local",
+            overrides: list[str] | None = None, data: str = "builtin", backend: str = DEFAULT_BACKEND,
             placement: Placement | None = None, kill_if_worse_than: str | None = None, by: float = 0.1,
             at_step: int | None = None, force: bool = False, experiment: str | None = None,
             mirrors: list[str] | None = None, on_end: str | None = None) -> LaunchRequest:
@@ -181,9 +181,9 @@ def placement_warning(backend: str, placement: Placement) -> str | None:
     CPU (``--nproc`` processes), which a user who asked for GPUs should hear before the runs start, not find out
     from their speed. None when it is honoured (or not asked: one GPU per run is the default). torch is asked for
     its GPU count only when a GPU driver is loaded and several GPUs per run are asked for."""
-    if backend != "local" or placement.gpus_per_run <= 1:
+    if backend != DEFAULT_BACKEND or placement.gpus_per_run <= 1:
         return None
-    from attnres.runs.backends.local import gpu_driver_loaded, visible_gpus
+    from attnres.runs.backends.devices import gpu_driver_loaded, visible_gpus
 
     if gpu_driver_loaded() and visible_gpus():
         return None  # (fewer GPUs than asked for: the queue refuses that itself)

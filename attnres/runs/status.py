@@ -32,11 +32,10 @@ def status_rows(engine: Engine, experiment: str | None = None, preset: str | Non
     (None: every run) of one experiment or preset, or all; and how many runs match in all.
 
     Plain rows and primary-key lookups (no ORM, no pandas, no torch): the command answers at once
-    however many runs and metric rows the database holds.
+    however many runs and metric rows the database holds. It only reads: :func:`reconcile` first brings the
+    rows up to date.
     """
     runs, total = listing.status_runs(engine, experiment, preset, recent)
-    if completeness.check(engine, runs, states.MONITOR):  # a finished run with holes is shown incomplete
-        runs, total = listing.status_runs(engine, experiment, preset, recent)
     last = listing.latest_values(engine, [int(r["id"]) for r in runs], KEYS)
     cells = grid.cell_labels([(r["experiment"], r["preset"], r["total_steps"]) for r in runs],
                              [str(r["variant"]) for r in runs], [grid.settings(r["config_json"]) for r in runs])
@@ -80,16 +79,11 @@ def silent(status: object, heartbeat_at: object, now: datetime | None = None) ->
     return f" (no heartbeat for {duration(age)})" if age > limit else ""
 
 
-def missing_log(run_id: int, log_path: str | None, started: bool) -> str:
-    """What ``attnres logs`` says when a run's log file is not there: gone, when the run has a log and its
-    process started (it wrote there: someone deleted it), else not written yet."""
-    if log_path and started:
-        return f"run {run_id}'s log {log_path} is gone (deleted?)"
-    return f"run {run_id} has no log yet"
-
-
-def reconcile(engine: Engine) -> None:
-    """Mark runs whose process or job is gone without an end as failed, before they are shown.
+def reconcile(engine: Engine, experiment: str | None = None, preset: str | None = None,
+              recent: int | None = RECENT) -> None:
+    """What ``attnres status`` does before it reads, in one visible call: runs whose process or job is gone
+    without an end are marked failed (their spools read first), and the finished runs it will show are
+    checked whole (``incomplete``, with the missing ranges named, when the database lacks logged steps).
 
     The backends (and the ORM they write through) are imported only when some run is active: a
     finished grid's status needs neither.
@@ -98,6 +92,8 @@ def reconcile(engine: Engine) -> None:
         from attnres.runs import backends
 
         backends.reconcile(engine)
+    runs, _ = listing.status_runs(engine, experiment, preset, recent)
+    completeness.check(engine, runs, states.MONITOR)
 
 
 def _cell(run: pd.Series, now: datetime) -> str:

@@ -90,15 +90,15 @@ def check(engine: Engine, rows: Iterable[dict[str, object]], actor: str) -> list
         found = holes(engine, int(r["id"]), r.get("config_json"), int(r["total_steps"]))
         if bool(found) == (r["status"] == INCOMPLETE):
             continue
-        from attnres.tracking import states  # (the ORM: only when a state changes)
+        from attnres.tracking import lifecycle  # (the ORM: only when a state changes)
 
         if found:
             why = (f"incomplete: the database lacks {text(found)}; `attnres sync` brings them from a spool that "
                    f"holds them, `attnres resume {r['id']}` retrains them")
-            done = states.transition(engine, int(r["id"]), INCOMPLETE, actor, where={"status": FINISHED},
+            done = lifecycle.move(engine, int(r["id"]), INCOMPLETE, actor, where={"status": FINISHED},
                                      message=why)
         else:
-            done = states.transition(engine, int(r["id"]), FINISHED, actor, where={"status": INCOMPLETE},
+            done = lifecycle.move(engine, int(r["id"]), FINISHED, actor, where={"status": INCOMPLETE},
                                      message=None)
         if done:
             changed.append(int(r["id"]))

@@ -1,7 +1,8 @@
 """``--on-end CMD``: the user's command, run when a run ends, with the run's facts in its environment.
 
-The state machine calls :func:`run_ended` once a transition to an end (finished, failed, killed,
-diverged, stopped) is recorded. A transition is a compare-and-set, so exactly one process records a
+The lifecycle layer (:mod:`attnres.tracking.lifecycle`) calls :func:`run_ended` once a transition to an
+end (finished, failed, killed, diverged, stopped) is recorded; a finished run found incomplete, or made
+whole again, is not a second end. A transition is a compare-and-set, so exactly one process records a
 run's end, whichever it is (the trainer, the queue, a monitor, ``attnres kill``, ``attnres sync``), and
 that process runs the command, once. It is an argument list, never given to a shell; it starts at once
 and is waited for on a thread, so no writer waits on it. A command that cannot start, fails or outlives

@@ -34,7 +34,7 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from attnres.errors import AttnresError
-from attnres.tracking import states, store
+from attnres.tracking import confirm, states, store
 from attnres.tracking.db import check_location
 
 BATCH = 5000
@@ -168,14 +168,16 @@ def _take(runs: dict[int, _RunLog], obj: dict) -> None:
     log.updates.append(row)
 
 
-def ingest(engine: Engine, spool: Path, truncate: bool = True) -> dict[str, int]:
+def ingest(engine: Engine, spool: Path, truncate: bool = True,
+           on_end: Callable[[int], None] | None = None) -> dict[str, int]:
     """Write a spool's metrics and run changes into the database (idempotent); empty it after.
 
     The spool is emptied only once the database at the configured location is confirmed to hold
     what it wrote (else AttnresError, and the spool is kept); unreadable lines are skipped and, when
     the spool is emptied, kept aside in ``<spool>.rejects``. Returns counts: ``rows`` (metric values
     given), ``runs`` (runs recreated from a snapshot), ``skipped`` (unreadable lines), ``refused``
-    (state changes refused because the run had ended otherwise meanwhile).
+    (state changes refused because the run had ended otherwise meanwhile). ``on_end`` is called with each
+    run whose end the replay recorded (:func:`attnres.tracking.lifecycle.recover` starts its ``--on-end``).
     """
     spool = Path(spool)
     if not spool.exists():
@@ -197,7 +199,7 @@ def ingest(engine: Engine, spool: Path, truncate: bool = True) -> dict[str, int]
             _restore(engine, run_id, log)
             created += 1
         else:
-            refused += _replay(engine, run_id, log.updates)
+            refused += _replay(engine, run_id, log.updates, on_end)
         if log.drop_after is not None:
             store.drop_metrics_after(engine, run_id, log.drop_after)
     rows = 0
@@ -207,7 +209,7 @@ def ingest(engine: Engine, spool: Path, truncate: bool = True) -> dict[str, int]
     if truncate:
         last = {r: (log.metrics[-1][1], log.metrics[-1][0]) if log.metrics else (None, None)
                 for r, log in runs.items()}  # (key, step) of each run's last value
-        if not store.confirmed(engine, [(r, key, step) for r, (key, step) in last.items()]):
+        if not confirm.confirmed(engine, [(r, key, step) for r, (key, step) in last.items()]):
             raise AttnresError(f"the database at {engine.url.render_as_string()} does not hold what {spool} wrote "
                                "(was it deleted or replaced?): the spool is kept; `attnres sync --db ...` writes it")
         if bad:
@@ -240,7 +242,8 @@ def _restore(engine: Engine, run_id: int, log: _RunLog) -> None:
     states.create(engine, states.RESTORER, str(row.pop("status")), id=run_id, **row)
 
 
-def _replay(engine: Engine, run_id: int, updates: list[dict[str, object]]) -> int:
+def _replay(engine: Engine, run_id: int, updates: list[dict[str, object]],
+            on_end: Callable[[int], None] | None = None) -> int:
     """Apply a run's spooled changes in order: columns as they come, states through the machine.
 
     A state change refused (the run ended otherwise meanwhile) is dropped with the columns that
@@ -258,5 +261,7 @@ def _replay(engine: Engine, run_id: int, updates: list[dict[str, object]]) -> in
         to = str(update.pop("status"))
         outcome = states.transition(engine, run_id, to, states.TRAINER, **update)
         refused += not outcome and outcome.status != to
+        if outcome and to in states.ENDED and on_end is not None:
+            on_end(run_id)
     store.update_run(engine, run_id, **pending)
     return refused

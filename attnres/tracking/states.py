@@ -22,8 +22,9 @@ Who may do what (``actor``: the part of attnres that makes the change)::
     importer    attnres import           creates runs in any state (they were recorded elsewhere)
     restorer    attnres sync             recreates a run lost with its database, as its spool has it
 
-The one process whose transition records a run's end also starts the run's ``--on-end`` command
-(:mod:`attnres.tracking.on_end`).
+This module only records: it has no side effect beyond the row. What follows a change (the run's
+``--on-end`` command once its end is recorded) is :mod:`attnres.tracking.lifecycle`'s, which every
+part of attnres calls to change a state.
 """
 
 from __future__ import annotations
@@ -118,10 +119,6 @@ def transition(engine: Engine, run_id: int, to: str, actor: str, *, where: dict[
                        Outcome(False, conn.execute(select(Run.status).where(Run.id == run_id)).scalar()))
     except IntegrityError as exc:  # reopening a run whose config is already active elsewhere
         raise ActiveTwin(str(exc.orig)) from None
-    if outcome and to in ENDED:  # recorded: whoever decided the end (only one can) runs the user's --on-end
-        from attnres.tracking import on_end
-
-        on_end.run_ended(engine, run_id)
     return outcome
 
 

@@ -30,7 +30,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from attnres.errors import AttnresError
 from attnres.logline import say
-from attnres.tracking import spool, states, store
+from attnres.tracking import confirm, lifecycle, spool, states, store
 from attnres.tracking.db import check_location
 
 
@@ -286,8 +286,9 @@ class MetricWriter:
         if ok and self.spool.exists():
             try:
                 if self.spool_ok:
-                    spool.ingest(self.engine, self.spool)  # confirms at the configured location, then empties
-                elif store.confirmed(self.engine, [(self.run_id, *self.last_row)]):
+                    with lifecycle.recover(self.engine, self.spool, lock=False):  # confirmed, then emptied
+                        pass
+                elif confirm.confirmed(self.engine, [(self.run_id, *self.last_row)]):
                     os.truncate(self.spool, 0)  # a spool the disk cut short: the database has all of it
             except (SQLAlchemyError, OSError, AttnresError) as exc:
                 say(f"attnres: {str(exc).splitlines()[0][:300]}", err=True)
@@ -323,7 +324,8 @@ class MetricWriter:
         try:
             check_location(self.engine)  # never into a deleted database file that a pooled connection holds
             if self.failures and self.spool.exists():
-                spool.ingest(self.engine, self.spool, truncate=False)  # what earlier failures left
+                with lifecycle.recover(self.engine, self.spool, lock=False, truncate=False):  # earlier failures'
+                    pass
                 if self.mirror is not None:
                     self.mirror.catch_up()
             for step in drops:
@@ -336,7 +338,7 @@ class MetricWriter:
             if self.mirror is not None:
                 self.mirror.send(entries)
             for to, extra in moves:
-                outcome = states.transition(self.engine, self.run_id, to, states.TRAINER, **store.parse_times(extra))
+                outcome = lifecycle.move(self.engine, self.run_id, to, states.TRAINER, **store.parse_times(extra))
                 if not outcome and outcome.status != to:
                     self.refused.append((to, outcome.status))
                 if self.mirror is not None:

@@ -17,7 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from attnres.errors import AttnresError
 from attnres.logline import say
-from attnres.tracking import on_end, speed, spool, states, store
+from attnres.tracking import lifecycle, on_end, speed, states, store
 from attnres.tracking.writer import MetricWriter
 from attnres.training.loop import Ending
 
@@ -63,9 +63,8 @@ class RunRecorder:
 
             sender = Sender(engine, run_id, specs)
         self.writer = MetricWriter(engine, run_id, store.spool_path(run), mirror=sender)
-        with spool.held(self.writer.spool):  # a monitor cannot judge the run between the replay and our start
-            if self.writer.spool.exists() and self.writer.spool.stat().st_size:
-                spool.ingest(engine, self.writer.spool)  # what an earlier attempt could not write
+        # what an earlier attempt could not write, under the spool lock: no monitor judges the run before we start
+        with lifecycle.recover(engine, self.writer.spool):
             self.writer.keep_snapshot(store.run_fields(engine, run_id))  # should the database be lost
             self.writer.transition(states.RUNNING, started_at=store.now(), heartbeat_at=store.now(),
                                    pid=os.getpid(), host=socket.gethostname(), world_size=world_size, device=device,

@@ -1,19 +1,23 @@
 """Where runs execute: the protocol every backend implements, and the registry of backends.
 
-A backend takes queued runs and makes their trainers run (:meth:`Backend.submit`), says whether a
-run's process or job still exists (:meth:`Backend.poll`), stops it (:meth:`Backend.kill`), and
-marks runs whose job vanished without recording an end as failed (:meth:`Backend.reconcile`, from
-``poll``). The CLI and the queue know backends only through :func:`get` and this protocol, so a
-new backend (Kubernetes, Ray, ...) is one module with a :class:`Backend` subclass and one line in
-:data:`REGISTRY`. A run's row records the backend that runs it (``runs.backend``).
+A backend takes queued runs and makes their trainers run (:meth:`Backend.submit`), continues reopened
+ones (:meth:`Backend.resume`), says what it would run (:meth:`Backend.describe`, what ``--dry-run``
+prints), says whether a run's process or job still exists (:meth:`Backend.poll`), stops it
+(:meth:`Backend.kill`), reads its log (:meth:`Backend.logs`), and marks runs whose job vanished without
+recording an end as failed (:meth:`Backend.reconcile`, from ``poll``). The CLI and the queue know
+backends only through :func:`get` and this protocol, so a new backend (Kubernetes, Ray, ...) is one
+module with a :class:`Backend` subclass and one line in :data:`REGISTRY`. A run's row records the
+backend that runs it (``runs.backend``).
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import shlex
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,12 +25,13 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from attnres.errors import AttnresError, unknown
-from attnres.tracking import spool, states, store
+from attnres.runs import DEFAULT_BACKEND
+from attnres.tracking import lifecycle, spool, states, store
 from attnres.tracking.schema import Run
 
 #: name -> "module:Class" (imported when first used, so a backend's dependencies stay optional)
 REGISTRY: dict[str, str] = {
-    "local": "attnres.runs.backends.local:LocalBackend",
+    DEFAULT_BACKEND: "attnres.runs.backends.local:LocalBackend",
     "slurm": "attnres.runs.backends.slurm:SlurmBackend",
 }
 
@@ -93,6 +98,39 @@ class Backend:
         """Make the queued runs' trainers run (in order); wait for them unless ``detach``."""
         raise NotImplementedError
 
+    def resume(self, engine: Engine, db_url: str, run_ids: Sequence[int], placement: Placement, *,
+               detach: bool = False, on_tick: Callable[[], None] | None = None) -> Submitted:
+        """Make reopened runs (queued again by ``attnres resume``) run; each trainer continues from its run's last
+        checkpoint. A backend that places a run differently on its second attempt overrides this."""
+        return self.submit(engine, db_url, run_ids, placement, detach=detach, on_tick=on_tick)
+
+    def placement_of(self, runs: Sequence[Run]) -> Placement:
+        """How to place ``runs`` again on a resume: as many ranks as their first attempt had."""
+        return Placement(nproc=max((r.world_size or 1) for r in runs))
+
+    def describe(self, run_id: int | str, db_url: str, placement: Placement) -> list[str]:
+        """What submitting the run would execute, as lines to show (``--dry-run``): its trainer command here."""
+        return [shlex.join(trainer_command(run_id, db_url, placement.nproc))]
+
+    def logs(self, engine: Engine, run: Run, lines: int = 40, follow: bool = False) -> Iterator[str]:
+        """The last ``lines`` lines of the run's log, then (``follow``) new ones until the run is no longer
+        queued or running. The log is the file the run records (its job's output file on a cluster: on a
+        file system this machine shares). AttnresError when there is none (yet, or any more)."""
+        path = Path(run.log_path) if run.log_path else None
+        if path is None or not path.exists():
+            started = run.started_at is not None or run.exit_code is not None
+            raise AttnresError(missing_log(run.id, run.log_path, started))
+        with path.open(errors="replace") as fh:
+            yield from (line.rstrip("\n") for line in fh.readlines()[-lines:] if lines)
+            while follow:
+                line = fh.readline()
+                if line:
+                    yield line.rstrip("\n")
+                    continue
+                if store.status_of(engine, run.id) not in states.ACTIVE:
+                    return
+                time.sleep(0.5)
+
     def poll(self, runs: Sequence[Run]) -> dict[int, tuple[str, str]]:
         """For each run: (ALIVE | GONE | UNKNOWN, why), from what this backend can see of it now."""
         raise NotImplementedError
@@ -115,16 +153,14 @@ class Backend:
                 continue
             try:
                 path = store.spool_path(run)
-                with spool.held(path, wait=False) as ours:  # nobody changes the run between our look and verdict
-                    if not ours:  # it is changing hands now (a relaunch, its queue, its trainer starting)
+                with lifecycle.recover(engine, path, wait=False) as recovered:  # held from our look to the verdict
+                    if not recovered.held:  # it is changing hands now (a relaunch, its queue, its trainer starting)
                         continue
-                    if path.exists() and path.stat().st_size:
-                        spool.ingest(engine, path)
                     now = store.get_run(engine, run.id)
                     if any(getattr(now, col) != getattr(run, col) for col in (*_ATTEMPT, "started_at", "host")):
                         continue  # another attempt, or the trainer's own word since: judged again next time
                     seen = {col: getattr(run, col) for col in _ATTEMPT}
-                    if states.transition(engine, run.id, states.FAILED, states.MONITOR, where=seen,
+                    if lifecycle.move(engine, run.id, states.FAILED, states.MONITOR, where=seen,
                                          ended_at=store.now(), message=why):
                         dead.append(run.id)
             except (SQLAlchemyError, AttnresError, OSError):
@@ -140,13 +176,26 @@ def get(name: str) -> Backend:
     return getattr(importlib.import_module(module), cls)()
 
 
+def missing_log(run_id: int, log_path: str | None, started: bool) -> str:
+    """What ``attnres logs`` says when a run's log file is not there: gone, when the run has a log and its
+    process started (it wrote there: someone deleted it), else not written yet."""
+    if log_path and started:
+        return f"run {run_id}'s log {log_path} is gone (deleted?)"
+    return f"run {run_id} has no log yet"
+
+
+def backend_of(run: Run) -> str:
+    """The backend a run was recorded with (a run from before backends were recorded: the default)."""
+    return run.backend or DEFAULT_BACKEND
+
+
 def reconcile(engine: Engine) -> list[int]:
     """Every backend's check of the active runs it owns; returns the runs found dead."""
     runs = store.active_runs(engine)
     dead: list[int] = []
-    for name in sorted({r.backend or "local" for r in runs}):
+    for name in sorted({backend_of(r) for r in runs}):
         if name in REGISTRY:
-            dead += get(name).reconcile(engine, [r for r in runs if (r.backend or "local") == name])
+            dead += get(name).reconcile(engine, [r for r in runs if backend_of(r) == name])
     return dead
 
 
@@ -166,9 +215,9 @@ def kill(engine: Engine, run_ids: Sequence[int]) -> list[int]:
             run = store.get_run(engine, rid)
             if run.status not in states.sources(states.USER, states.KILLED):
                 continue
-            if run.status in states.ACTIVE and (run.backend or "local") in REGISTRY:  # (an imported
-                get(run.backend or "local").kill(run)  # run has no process here; a preempted one has none)
-            if states.transition(engine, rid, states.KILLED, states.USER, ended_at=store.now(),
+            if run.status in states.ACTIVE and backend_of(run) in REGISTRY:  # (an imported run has no
+                get(backend_of(run)).kill(run)  # process here; a preempted one has none)
+            if lifecycle.move(engine, rid, states.KILLED, states.USER, ended_at=store.now(),
                                  message="killed by attnres kill"):
                 killed.append(rid)
     return killed

@@ -46,41 +46,12 @@ from attnres.runs.backends import (
     silence,
     trainer_command,
 )
+from attnres.runs.backends.devices import threads_per_process, visible_gpus
 from attnres.runs.backends.processes import kill_grace_s, kill_tree, process_alive
 from attnres.runs.backends.slots import Slots
-from attnres.tracking import completeness, spool, states, store
+from attnres.tracking import completeness, lifecycle, states, store
 from attnres.tracking.db import check_location, get_engine, normalize_url
 from attnres.tracking.schema import Run
-
-
-def gpu_driver_loaded() -> bool:
-    """Whether an NVIDIA or AMD GPU driver is loaded here: without one there is no GPU to count, and
-    asking torch would cost the queue a 2-3 s import on every launch of a CPU machine."""
-    return Path("/proc/driver/nvidia").exists() or Path("/dev/kfd").exists() or any(Path("/dev").glob("nvidia[0-9]*"))
-
-
-def visible_gpus() -> list[str]:
-    """This machine's GPUs as the ids CUDA_VISIBLE_DEVICES takes (honouring one already set)."""
-    if not gpu_driver_loaded():
-        return []
-    try:
-        import torch
-
-        n = torch.cuda.device_count()
-    except Exception:  # noqa: BLE001 - no usable CUDA means CPU scheduling
-        n = 0
-    given = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
-    return given[:n] if given else [str(i) for i in range(n)]
-
-
-def threads_per_process(nproc: int, runs_at_once: int = 1) -> int:
-    """Compute threads for each of a run's ``nproc`` processes when ``runs_at_once`` runs share the machine's
-    usable cores (its CPU affinity): together they fill the cores without oversubscribing them."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # (not Linux)
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, nproc * runs_at_once))
 
 
 @dataclass
@@ -147,21 +118,22 @@ def settle(engine: Engine, run_id: int, returncode: int, log: Path, pid: int | N
     try:
         check_location(engine)
         path = store.spool_path(store.get_run(engine, run_id))
-        with spool.held(path):  # a relaunch cannot reopen the run between the check below and the end
-            run = store.get_run(engine, run_id)
-            if pid is not None and run.agent_pid != pid:
-                return run.status
-            if path.exists() and path.stat().st_size:
-                try:
-                    spool.ingest(engine, path)  # the run's own last word, if it could not reach the database
-                except AttnresError as exc:
-                    say(f"attnres: run {run_id}: {exc}", err=True)
+        def still_ours() -> bool:  # a run re-queued meanwhile is its new process's, and so is its spool
+            return pid is None or store.get_run(engine, run_id).agent_pid == pid
+
+        # the run's own last word, if it could not reach the database; a relaunch cannot reopen the run
+        # between the check and the end below
+        with lifecycle.recover(engine, path, only_if=still_ours, keep_going=True) as recovered:
+            if not recovered.read:
+                return store.get_run(engine, run_id).status
+            if recovered.error is not None:
+                say(f"attnres: run {run_id}: {recovered.error}", err=True)
             how = (f"killed by signal {-returncode} ({signal.Signals(-returncode).name})" if returncode < 0
                    and -returncode in signal.Signals._value2member_map_ else f"exited with code {returncode}")
             ours = {"agent_pid": pid} if pid is not None else None  # still this process's run (no relaunch since)
-            if states.transition(engine, run_id, states.FAILED, states.SUPERVISOR, where=ours, ended_at=store.now(),
-                                 exit_code=returncode,
-                                 message=f"process {how} without recording an end\n{log_tail(log)}"):
+            if lifecycle.move(engine, run_id, states.FAILED, states.SUPERVISOR, where=ours, ended_at=store.now(),
+                              exit_code=returncode,
+                              message=f"process {how} without recording an end\n{log_tail(log)}"):
                 return states.FAILED
             run = store.get_run(engine, run_id)
             if run.exit_code is None or (returncode != 0 and run.exit_code == 0):
@@ -289,8 +261,8 @@ def _stop(engine: Engine, active: dict[int, Job], pending: deque[int], slots: Sl
         slots.give(job.slots)
         job.close()
     for rid in pending:
-        states.transition(engine, rid, states.PREEMPTED, states.SUPERVISOR,
-                          message="not started: its queue was stopped; `attnres resume` or a relaunch starts it")
+        lifecycle.move(engine, rid, states.PREEMPTED, states.SUPERVISOR,
+                       message="not started: its queue was stopped; `attnres resume` or a relaunch starts it")
         results[rid] = store.status_of(engine, rid)
     return QueueStopped(results)
 
@@ -357,9 +329,9 @@ class LocalBackend(Backend):
                     or process_alive(run.queue_pid, since=run.queue_since)):
                 continue
             seen = {"queue_pid": run.queue_pid, "status": states.QUEUED}
-            if states.transition(engine, run.id, states.PREEMPTED, states.MONITOR, where=seen,
-                                 message=f"not started: its queue (pid {run.queue_pid}) is gone; `attnres resume "
-                                         f"{run.id}` (or the same launch again) starts it"):
+            if lifecycle.move(engine, run.id, states.PREEMPTED, states.MONITOR, where=seen,
+                              message=f"not started: its queue (pid {run.queue_pid}) is gone; `attnres resume "
+                                  f"{run.id}` (or the same launch again) starts it"):
                 dead.append(run.id)
         return dead
 

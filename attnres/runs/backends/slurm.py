@@ -106,6 +106,14 @@ class SlurmBackend(Backend):
             done.lines.append(f"run {rid}: submitted as SLURM job {job}")
         return done
 
+    def describe(self, run_id: int | str, db_url: str, placement: Placement) -> list[str]:
+        """The sbatch script the run's job would be (what ``--dry-run`` shows for SLURM)."""
+        check(placement)
+        rid = run_id if isinstance(run_id, int) else 0  # (a dry run has no run ids: job and log named run 0)
+        log = paths.run_log(rid)
+        return [f"sbatch {paths.sbatch_script(log)}:", *("    " + line for line in
+                                                         script(rid, db_url, placement, Path.cwd(), log).splitlines())]
+
     def poll(self, runs: Sequence[Run]) -> dict[int, tuple[str, str]]:
         """A run is alive while squeue knows its job; gone when squeue has forgotten it."""
         jobs = [r for r in runs if r.job_id]

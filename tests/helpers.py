@@ -1,0 +1,237 @@
+"""Helpers the tests share: run settings, the CLI (in this process or as a real one), and reading what runs
+recorded. Fixtures stay in conftest.py; test modules import these with ``from helpers import ...`` (``tests/`` is
+on ``sys.path``: ``pythonpath`` in pyproject.toml's [tool.pytest.ini_options])."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import multiprocessing.process
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Small, fast runs of the GPT-2 vocabulary (a user's default path): a narrow model, few tokens per step.
+FAST_GPT2 = ["--set", "batch_size=4", "--set", "eval_batches=2", "--set", "eval_every=10",
+             "--set", "log_every=2", "--set", "warmup=2", "--set", "n_layer=2", "--set", "d_model=32",
+             "--set", "n_head=2", "--set", "seq_len=32"]
+# The same on the built-in corpus as UTF-8 bytes (257 ids): a step is then the layers', not a 50257-wide
+# output layer's, several times faster.
+BYTES = ["--data", "builtin-bytes", "--set", "vocab_size=320"]
+FAST = [*FAST_GPT2, *BYTES]
+# Steps of a run that a test ends by a kill or a signal: it cannot finish first, however fast the machine.
+LONG = "100000"
+
+
+# The issue's tiny run: 150 steps, every step logged (5 values a step) and evals every 25 steps.
+# The issue's run: 150 steps with the fault at step 50 (ATTNRES_FAULT_STEPS changes the length; the
+# fault must still find the run going, so not much shorter).
+ISSUE_STEPS = int(os.environ.get("ATTNRES_FAULT_STEPS", "150"))
+ISSUE_MID = ISSUE_STEPS // 3
+
+
+def issue_run(steps: int = ISSUE_STEPS) -> list[str]:
+    """The issue's tiny run at ``steps`` steps: every step logged, an eval every 25 steps."""
+    return ["--set", "n_layer=1", "--set", "d_model=32", "--set", "n_head=2", "--set", "batch_size=2",
+            "--set", "seq_len=32", "--steps", str(steps), "--set", "log_every=1", "--set", "eval_batches=1"]
+
+
+ISSUE_RUN = issue_run()
+# train_loss, lr, grad_norm, tokens_per_s, peak_memory_bytes each step; eval at 0, 25, ... and the last step
+ISSUE_ROWS = ISSUE_STEPS * 5 + len(set(range(0, ISSUE_STEPS + 1, 25)) | {ISSUE_STEPS})
+
+
+# -- the CLI: in this process, or the real command -------------------------------------------------
+def in_process(args: Iterable[object], capsys: pytest.CaptureFixture,
+               monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
+    """The CLI's entry point called in the test's process (no interpreter start, no imports again): its
+    exit code, stdout and stderr. For commands that start no trainer; :func:`attnres` runs the real command.
+    ``args`` may hold paths and numbers: each is passed as its ``str``."""
+    from cli.main import main
+
+    monkeypatch.setattr(sys, "argv", ["attnres", *(str(a) for a in args)])
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit) as done:
+        main()
+    captured = capsys.readouterr()
+    return done.value.code or 0, captured.out, captured.err
+
+
+def attnres(*args: str, check: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess, as a user would (a test calling it is marked ``integration``)."""
+    proc = subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout, env=os.environ | {"COLUMNS": "200"}, cwd=os.getcwd())
+    if check and proc.returncode != 0:
+        raise AssertionError(f"attnres {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def queue_pid(stdout: str) -> int:
+    """The pid of the background queue that `attnres launch --detach` reports."""
+    return int(stdout.split("(pid ")[1].split(")")[0])
+
+
+def stop_leftovers(db: Path) -> None:
+    """Kill runs a test left queued or running, so no orphan slows the tests after it."""
+    if not db.exists():
+        return
+    from attnres.runs import orchestrator
+    from attnres.tracking.db import get_engine
+
+    try:
+        orchestrator.kill(get_engine(str(db)), None)
+    except Exception:  # noqa: BLE001 - a test may leave a corrupt or locked file on purpose
+        pass
+
+
+# -- files a test writes ---------------------------------------------------------------------------
+def sha(path: Path) -> str:
+    """The SHA-256 of a file's bytes (to show a command left it byte-identical)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def arms_csv(folder: Path, arms: dict[str, dict[int, float]], experiment: str | None = None,
+             name: str = "runs.csv", steps: Iterable[int] = (0, 50, 100)) -> Path:
+    """A CSV in the import schema (``folder / name``): each variant's seeds, finished, with an eval curve from 10
+    at step 0 down to the given final value at step 100, at ``steps``; in ``experiment`` when one is named."""
+    import pandas as pd
+
+    rows = [(v, seed, step, "eval_loss", 10 + (final - 10) * step / 100, "finished")
+            for v, seeds in arms.items() for seed, final in seeds.items() for step in steps]
+    frame = pd.DataFrame(rows, columns=["variant", "seed", "step", "key", "value", "status"])
+    if experiment:
+        frame["experiment"] = experiment
+    path = folder / name
+    frame.to_csv(path, index=False)
+    return path
+
+
+def database_at(db: Path, revision: str, preset: str = "tiny") -> None:
+    """A SQLite file at an older schema ``revision`` holding one finished run (of ``preset``)."""
+    from alembic import command
+    from sqlalchemy import create_engine
+
+    from attnres.tracking.db import _alembic
+
+    engine = create_engine(f"sqlite:///{db}")
+    with engine.begin() as conn:
+        command.upgrade(_alembic(conn), revision)
+        conn.exec_driver_sql(
+            "insert into runs (variant, seed, preset, data, config_json, config_hash, status, total_steps, step, "
+            f"created_at, world_size) values ('standard', 7, '{preset}', 'builtin', '{{}}', 'x', 'finished', 10, 10, "
+            "'2026-01-01 00:00:00', 1)")
+    engine.dispose()
+
+
+# -- reading what the real processes recorded, and waiting for it ----------------------------------
+def runs(workdir: Path, db: str = "runs.db") -> list[dict]:
+    """Every run row of the test's SQLite file, oldest first ([] before the launcher made it)."""
+    if not (workdir / db).exists():
+        return []
+    try:
+        with sqlite3.connect(f"file:{workdir / db}?mode=ro", uri=True) as conn:
+            conn.row_factory = sqlite3.Row
+            return [dict(r) for r in conn.execute("select * from runs order by id")]
+    except sqlite3.OperationalError:  # the schema is not there yet
+        return []
+
+
+def metric_rows(db: Path, run_id: int | None = 1) -> int:
+    """How many metric rows run ``run_id`` has (every run's with None), read-only; 0 while the file or its
+    schema is not there."""
+    where, params = ("where run_id = ?", (run_id,)) if run_id is not None else ("", ())
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            return conn.execute(f"select count(*) from metrics {where}", params).fetchone()[0]
+    except sqlite3.OperationalError:
+        return 0
+
+
+def curve(workdir: Path, run_id: int, key: str, db: str = "runs.db") -> dict[int, float]:
+    """One metric of one run: {step: value}."""
+    with sqlite3.connect(workdir / db) as conn:
+        return dict(conn.execute("select m.step, m.value from metrics m join metric_keys k on k.id = m.key_id "
+                                 "where k.name = ? and m.run_id = ?", (key, run_id)).fetchall())
+
+
+def values(engine, run_id: int, key: str) -> dict[int, float]:
+    """One metric of one run as the store reads it (``engine``: the database's SQLAlchemy engine): {step: value}."""
+    from attnres.tracking import store
+
+    frame = store.metrics_frame(engine, [key], [run_id])
+    return dict(zip(frame["step"], frame["value"], strict=True))
+
+
+def train_steps(db: Path, run_id: int = 1) -> list[int]:
+    """The steps at which a run logged train loss, in order ([] while the schema is not there)."""
+    try:
+        with sqlite3.connect(db) as conn:
+            return [s for (s,) in conn.execute(
+                "select m.step from metrics m join metric_keys k on k.id = m.key_id "
+                "where k.name = 'train_loss' and m.run_id = ? order by m.step", (run_id,))]
+    except sqlite3.OperationalError:
+        return []
+
+
+def wait_for(predicate, timeout: float = 240, every: float = 0.1):
+    """Poll ``predicate`` until it returns something true (returned), or fail after ``timeout`` s.
+
+    The limits are generous on purpose: a loaded machine is slow, and only the condition decides.
+    """
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {getattr(predicate, '__name__', 'a condition')}")
+
+
+# -- which tests start processes -------------------------------------------------------------------
+# Programs that the library, or a library it uses, runs for itself and waits on for milliseconds, whatever the test:
+# the C kernel's one-time build (then cached on disk; the compiler is $CC when set), `git rev-parse` for the code
+# version, `uname -p` for platform.processor(). Not what the ``integration`` marker is about (trainers, torchrun,
+# the CLI, services): they are not counted.
+QUICK_TOOLS = {"git", "uname", "cc", "gcc", "clang"}
+
+
+def _quick(program: str) -> bool:
+    name = os.path.basename(program)
+    return name in QUICK_TOOLS or name == os.path.basename(os.environ.get("CC", "") or "cc")
+
+
+@contextlib.contextmanager
+def processes_started() -> Iterator[list[str]]:
+    """Record, while the block runs, every process started through :class:`subprocess.Popen` (``subprocess.run``
+    and friends included) or :mod:`multiprocessing`: the list yielded gains one line per process that started
+    (its command), :data:`QUICK_TOOLS` left out. Nothing is stopped: the processes run as they would."""
+    started: list[str] = []
+    popen_init = subprocess.Popen.__init__
+    process_start = multiprocessing.process.BaseProcess.start
+
+    def recording_init(self, args, *rest, **kwargs):
+        popen_init(self, args, *rest, **kwargs)  # (a program that is not there starts nothing: not recorded)
+        argv = [os.fsdecode(a) for a in ([args] if isinstance(args, str | bytes | os.PathLike) else args)]
+        program = (argv[0].split() or [""])[0] if kwargs.get("shell") and argv else argv[0] if argv else ""
+        if not _quick(program):
+            started.append(" ".join(argv)[:200])
+
+    def recording_start(self):
+        process_start(self)
+        started.append(f"multiprocessing {self.name} (target {getattr(self, '_target', None)!r})"[:200])
+
+    subprocess.Popen.__init__ = recording_init
+    multiprocessing.process.BaseProcess.start = recording_start
+    try:
+        yield started
+    finally:
+        subprocess.Popen.__init__ = popen_init
+        multiprocessing.process.BaseProcess.start = process_start

@@ -1,0 +1,95 @@
+"""The state machine only records; the lifecycle layer above it starts `--on-end` and recovers spools.
+
+In process, on a real SQLite file, with a real `--on-end` command.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnres.tracking import lifecycle, on_end, spool, states, store
+from attnres.tracking.db import get_engine
+from attnres.variants.registry import resolve_run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def engine(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNRES_LOGS", str(tmp_path / "logs"))
+    return get_engine(str(tmp_path / "runs.db"))
+
+
+def running(engine, tmp_path, seed: int) -> tuple[int, Path]:
+    """A running run whose --on-end command appends its state to a file."""
+    run = store.create_run(engine, resolve_run("standard", "tiny", seed))
+    ends = tmp_path / f"ends-{run}.txt"
+    cmd = [sys.executable, "-c", f"import os; open({str(ends)!r}, 'a').write(os.environ['ATTNRES_STATE'] + '\\n')"]
+    store.update_run(engine, run, on_end_json=json.dumps(cmd))
+    assert states.transition(engine, run, states.RUNNING, states.TRAINER)
+    return run, ends
+
+
+@pytest.mark.integration  # (the --on-end command is a process)
+def test_recording_an_end_starts_nothing_and_moving_to_it_starts_the_command_once(engine, tmp_path):
+    quiet, quiet_ends = running(engine, tmp_path, 1)
+    assert states.transition(engine, quiet, states.FINISHED, states.TRAINER)  # the record alone
+    run, ends = running(engine, tmp_path, 2)
+    assert lifecycle.move(engine, run, states.FINISHED, states.TRAINER)
+    assert not lifecycle.move(engine, run, states.FAILED, states.SUPERVISOR)  # decided already: nothing again
+    # found incomplete (holes), then made whole by a sync: still the one end, one command
+    assert lifecycle.move(engine, run, states.INCOMPLETE, states.MONITOR, where={"status": states.FINISHED})
+    assert lifecycle.move(engine, run, states.FINISHED, states.MONITOR, where={"status": states.INCOMPLETE})
+    on_end.wait()
+    assert ends.read_text() == "finished\n"
+    assert not quiet_ends.exists()
+    assert store.status_of(engine, quiet) == states.FINISHED
+
+
+@pytest.mark.integration  # (the --on-end command is a process)
+def test_recover_reads_the_spool_under_its_lock_and_starts_the_end_it_replays(engine, tmp_path):
+    run, ends = running(engine, tmp_path, 3)
+    path = store.spool_path(store.get_run(engine, run))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"r": run, "s": 5, "m": {"train_loss": 1.5}}) + "\n"
+                    + spool.fields_line(run, {"status": states.FINISHED}))
+    with spool.held(path), lifecycle.recover(engine, path, wait=False) as busy:  # another process holds it
+        assert not busy.held and not busy.read
+    assert store.status_of(engine, run) == states.RUNNING and path.stat().st_size
+    with lifecycle.recover(engine, path, only_if=lambda: False) as asked:  # (a new attempt's spool: not read)
+        assert asked.held and not asked.read
+    assert store.status_of(engine, run) == states.RUNNING
+    with lifecycle.recover(engine, path) as got:
+        assert got.read and got.counts["rows"] == 1
+        assert store.status_of(engine, run) == states.FINISHED  # judged inside, under the same lock
+    on_end.wait()
+    assert ends.read_text() == "finished\n" and path.stat().st_size == 0
+
+
+def _calls(tree: ast.Module, owner: str, attr: str) -> list[int]:
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+            and n.func.attr == attr and isinstance(n.func.value, ast.Name) and n.func.value.id == owner]
+
+
+def test_states_change_through_the_lifecycle_and_spools_are_read_through_recover_only():
+    """No module records a state change past the lifecycle layer (which would skip --on-end), or reads a spool
+    into the database without its lock (recover); the state machine itself starts nothing."""
+    offenders = []
+    for path in sorted([*(ROOT / "attnres").rglob("*.py"), *(ROOT / "cli").rglob("*.py"),
+                        *(ROOT / "reports").rglob("*.py")]):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in ("attnres/tracking/lifecycle.py", "attnres/tracking/states.py", "attnres/tracking/spool.py"):
+            continue
+        tree = ast.parse(path.read_text())
+        offenders += [f"{rel}:{n} states.transition" for n in _calls(tree, "states", "transition")]
+        offenders += [f"{rel}:{n} spool.ingest" for n in _calls(tree, "spool", "ingest")]
+        offenders += [f"{rel}: imports transition" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                      and n.module == "attnres.tracking.states" and any(a.name == "transition" for a in n.names)]
+    assert not offenders, offenders
+    source = (ROOT / "attnres/tracking/states.py").read_text()
+    assert "on_end" not in source and "lifecycle" not in source.split('"""', 2)[2]

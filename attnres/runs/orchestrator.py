@@ -73,7 +73,8 @@ def enqueue(engine: Engine, cells: Sequence[PlannedRun], req: LaunchRequest, sta
     stage = stage or Stage()
     mirrors = req.mirrors if req.mirrors is not None else mirror_marks.default_mirrors(engine)
     outside = {"mirrors_json": json.dumps(mirrors) if mirrors else None,
-               "on_end_json": json.dumps(req.on_end) if req.on_end else None}
+               "on_end_json": json.dumps(req.on_end) if req.on_end else None,
+               "placement_json": req.placement.to_json()}
     for cell in cells:
         if cell.skip:
             continue
@@ -225,10 +226,12 @@ def resume(engine: Engine, db_url: str, run_ids: Sequence[int], *, detach: bool 
         say(line)  # before the queue starts (a foreground queue returns when the runs end)
     runs = [store.get_run(engine, rid) for rid in run_ids]
     done = Submitted(results=None)
-    for name in dict.fromkeys(backends.backend_of(r) for r in runs):
-        backend, ids = backends.get(name), [r.id for r in runs if backends.backend_of(r) == name]
-        got = backend.resume(engine, db_url, ids, backend.placement_of([r for r in runs if r.id in ids]),
-                             detach=detach, on_tick=on_tick)
+    placed = {r.id: (backends.backend_of(r), backends.get(backends.backend_of(r)).placement_of(r).to_json())
+              for r in runs}
+    for name, placement in dict.fromkeys(placed.values()):  # one submission per backend and placement
+        ids = [rid for rid, where in placed.items() if where == (name, placement)]
+        got = backends.get(name).resume(engine, db_url, ids, backends.Placement.from_json(placement), detach=detach,
+                                        on_tick=on_tick)
         done.lines += got.lines
         if got.results is not None:
             done.results = {**(done.results or {}), **got.results}

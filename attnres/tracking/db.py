@@ -143,7 +143,7 @@ def check_location(engine: Engine) -> None:
         _FILES[id(engine)] = now
 
 
-HEAD = "0009"  # the newest Alembic revision under migrations/versions
+HEAD = "0010"  # the newest Alembic revision under migrations/versions
 
 # What each revision adds that can be seen in a SQLite file: columns of ``runs``, and tables or indexes (by
 # name); a new migration adds its line. An upgrade by an earlier attnres committed the first migration's
@@ -158,6 +158,7 @@ _ADDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "0007": (("launch_id",), ("launches",)),
     "0008": (("conditions_json",), ("benchmarks", "ix_benchmarks_session")),
     "0009": (("queue_host", "queue_pid", "queue_since"), ()),
+    "0010": (("placement_json",), ()),
 }
 
 

@@ -59,6 +59,7 @@ class Run(Base):
     queue_host: Mapped[str | None] = mapped_column(String(255), nullable=True)
     queue_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     queue_since: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    placement_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # how its launch placed it (resume)
 
     # one active (queued or running: attnres.tracking.states.ACTIVE) run per config, whoever launches it
     __table_args__ = (Index("ux_runs_active_config", "config_hash", unique=True,

@@ -13,12 +13,13 @@ backend that runs it (``runs.backend``).
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from sqlalchemy import Engine
@@ -47,6 +48,16 @@ class Placement:
     partition: str | None = None
     time_limit: str | None = None
     options: dict[str, str] = field(default_factory=dict)  # --backend-opt KEY=VALUE, backend-specific
+
+    def to_json(self) -> str:
+        """As recorded with each run it placed (``runs.placement_json``): a resume places the run the same way."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Placement:
+        """A recorded placement (fields this version does not know are left out)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in json.loads(text).items() if k in known})
 
 
 @dataclass
@@ -104,9 +115,12 @@ class Backend:
         checkpoint. A backend that places a run differently on its second attempt overrides this."""
         return self.submit(engine, db_url, run_ids, placement, detach=detach, on_tick=on_tick)
 
-    def placement_of(self, runs: Sequence[Run]) -> Placement:
-        """How to place ``runs`` again on a resume: as many ranks as their first attempt had."""
-        return Placement(nproc=max((r.world_size or 1) for r in runs))
+    def placement_of(self, run: Run) -> Placement:
+        """How to place a run again on a resume: as its launch placed it (recorded with the run); a run recorded
+        before placements were (schema 0010) gets as many ranks as its first attempt had, the defaults otherwise."""
+        if run.placement_json:
+            return Placement.from_json(run.placement_json)
+        return Placement(nproc=run.world_size or 1)
 
     def describe(self, run_id: int | str, db_url: str, placement: Placement) -> list[str]:
         """What submitting the run would execute, as lines to show (``--dry-run``): its trainer command here."""

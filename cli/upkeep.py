@@ -1,0 +1,96 @@
+"""Keeping the record whole: `sync` (spools, mirrors), `mirror` (the default), `db upgrade`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from attnres.errors import AttnresError
+from cli.app import DbOpt, app, console, db_app, err
+
+
+@app.command()
+def sync(
+    spool: Annotated[list[Path] | None, typer.Argument(help="spool files (default: logs/*.spool.jsonl)")] = None,
+    mirror: Annotated[list[str] | None, typer.Option("--mirror", help="then send the runs to this mirror: what it "
+                                                     "does not hold yet (mlflow[=URI], trackio[=PROJECT], "
+                                                     "wandb[=PROJECT]; repeatable)")] = None,
+    run: Annotated[list[int] | None, typer.Option("--run", min=1, help="with --mirror: only this run "
+                                                  "(repeatable; default every run)")] = None,
+    db: DbOpt = None,
+) -> None:
+    """Write spooled metrics and run states (left when the database was unreachable) into the database;
+    with --mirror, then send runs to a mirror (what a run's own mirroring missed, or runs from before)."""
+    from attnres import mirrors
+    from attnres.runs import orchestrator
+    from attnres.tracking.db import get_engine
+
+    targets = mirrors.specs(mirror) if mirror else []
+    if run and not targets:
+        raise AttnresError("--run selects the runs --mirror sends: give --mirror too")
+    engine = get_engine(db)
+    done = orchestrator.sync(engine, spool)
+    for path, got in done:
+        extra = f", {got['runs']} run(s) recreated" if got["runs"] else ""
+        extra += f", {got['skipped']} unreadable line(s) skipped" if got["skipped"] else ""
+        console.print(f"{path}: {got['rows']:,} metric rows{extra}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"synced {len(done)} spool file(s): {sum(g['rows'] for _, g in done):,} rows")
+    if targets:
+        _sync_mirrors(engine, targets, run)
+
+
+def _sync_mirrors(engine: object, targets: list[str], runs: list[int] | None) -> None:
+    from rich.progress import Progress
+
+    from attnres.mirrors.sender import sync as send
+
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("mirroring", total=None)
+        done = send(engine, targets, runs, on_run=lambda rid, spec, n: progress.update(
+            task, advance=1, description=f"run {rid} -> {spec}"))
+    from attnres.mirrors.sender import SKIPPED
+
+    for rid, spec, why in done:
+        if isinstance(why, str) and why.startswith(SKIPPED):
+            console.print(f"run {rid} -> {spec}: {why}", markup=False, highlight=False, soft_wrap=True)
+    failed = [(rid, spec, why) for rid, spec, why in done if isinstance(why, str) and not why.startswith(SKIPPED)]
+    for rid, spec, why in failed:
+        err.print(f"run {rid} -> {spec}: not sent: {why}", markup=False, highlight=False, soft_wrap=True)
+    sent = sum(n for _, _, n in done if isinstance(n, int))
+    console.print(f"mirrored {len({r for r, _, n in done if isinstance(n, int)})} run(s): {sent:,} values sent"
+                  + (f"; {len(failed)} failed" if failed else ""))
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command("mirror")
+def mirror_default(
+    spec: Annotated[list[str] | None, typer.Argument(help="mlflow[=URI], trackio[=PROJECT], wandb[=PROJECT]")] = None,
+    clear: Annotated[bool, typer.Option("--clear", help="launch without mirrors unless --mirror says")] = False,
+    db: DbOpt = None,
+) -> None:
+    """Show or set this database's mirrors: where runs launched into it without --mirror are also sent
+    (ATTNRES_MIRROR, when set, comes first)."""
+    from attnres import mirrors
+    from attnres.tracking import mirror_marks
+    from attnres.tracking.db import get_engine
+
+    if spec and clear:
+        raise AttnresError("give mirrors to set, or --clear, not both")
+    engine = get_engine(db)
+    if spec or clear:
+        mirror_marks.set_default_mirrors(engine, mirrors.specs(spec) if spec else None)
+    now = mirror_marks.default_mirrors(engine)
+    console.print(f"mirrors of this database: {' '.join(now) if now else 'none'}", markup=False, highlight=False)
+
+
+@db_app.command("upgrade")
+def db_upgrade(db: DbOpt = None) -> None:
+    """Migrate the database to this attnres's schema in place (Alembic), keeping every run: all or nothing
+    (one transaction), and a SQLite file is first copied beside it (<file>.before-upgrade-<rev>-<time>, kept)."""
+    from attnres.tracking.upgrade import upgrade
+
+    before, after = upgrade(db, say=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
+    console.print(f"database schema: {before or 'empty'} -> {after}")

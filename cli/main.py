@@ -66,7 +66,7 @@ def launch(
                                                    "sweeps it")] = None,
     data: Annotated[str, typer.Option(help="prepared dataset name or folder")] = "builtin",
     nproc: Annotated[int, typer.Option(help="processes (ranks) per run on CPU")] = 1,
-    gpus_per_run: Annotated[int, typer.Option(help="GPUs per run (local backend)")] = 1,
+    gpus_per_run: Annotated[int | None, typer.Option(help="GPUs per run (local backend; default 1)")] = None,
     detach: Annotated[bool, typer.Option(help="return at once; the queue runs in the background")] = False,
     force: Annotated[bool, typer.Option(help="run even if finished with the same config")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan and torchrun commands only")] = False,
@@ -75,10 +75,12 @@ def launch(
     at_step: Annotated[int | None, typer.Option(min=1, help="early-stop rule: eval step to check")] = None,
     backend: Annotated[str, typer.Option(help="where runs execute: local | slurm")] = DEFAULT_BACKEND,
     partition: Annotated[str | None, typer.Option(help="SLURM partition")] = None,
-    nodes: Annotated[int, typer.Option(min=1, help="SLURM nodes per run")] = 1,
-    gpus_per_node: Annotated[int, typer.Option(min=0, help="SLURM GPUs per node (0: CPU, --nproc ranks)")] = 0,
+    nodes: Annotated[int | None, typer.Option(min=1, help="SLURM nodes per run (default 1)")] = None,
+    gpus_per_node: Annotated[int | None, typer.Option(min=0, help="SLURM GPUs per node (default 0: CPU, --nproc "
+                                                      "ranks)")] = None,
     time_limit: Annotated[str | None, typer.Option("--time", help="SLURM time limit")] = None,
-    backend_opt: Annotated[list[str] | None, typer.Option("--backend-opt", help="KEY=VALUE for the backend")] = None,
+    backend_opt: Annotated[list[str] | None, typer.Option("--backend-opt", help="KEY=VALUE: any option of the "
+                                                          "backend (its typed options)")] = None,
     mirror: Annotated[list[str] | None, typer.Option("--mirror", help="also send each run to mlflow[=URI], "
                                                      "trackio[=PROJECT] or wandb[=PROJECT] (repeatable; none: "
                                                      "not even the database's or ATTNRES_MIRROR's)")] = None,
@@ -91,11 +93,12 @@ def launch(
 
     `--set lr=3e-4,1e-3` sweeps a setting (several swept settings make a product)."""
     from attnres.runs import backends, orchestrator, planning
-    from attnres.runs.backends import Placement
     from attnres.tracking.db import get_engine, normalize_url
 
-    placement = Placement(nproc, gpus_per_run, nodes, gpus_per_node, partition, time_limit,
-                          key_values(backend_opt or [], "--backend-opt"))
+    flags = {"gpus_per_run": gpus_per_run, "nodes": nodes, "gpus_per_node": gpus_per_node, "partition": partition,
+             "time_limit": time_limit}  # each backend takes its own (given ones only: the rest are its defaults)
+    given = {k: v for k, v in flags.items() if v is not None} | key_values(backend_opt or [], "--backend-opt")
+    placement = backends.get(backend).placement(nproc, given)
     req = planning.request(variant, seeds, preset, steps, set_, data, backend, placement, kill_if_worse_than,
                            by, at_step, force, experiment, mirror, on_end)
     for warning in (planning.on_end_warning(on_end), planning.placement_warning(req.backend, req.placement)):

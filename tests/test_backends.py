@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import ClassVar
 
@@ -178,10 +179,19 @@ def test_a_file_system_without_flock_leaves_the_spool_unserialised_not_stuck(tmp
             assert ours
 
 
+@dataclass(frozen=True)
+class HeldOptions:
+    """A user backend's own typed options."""
+
+    nodes: int = 1
+    partition: str | None = None
+
+
 class HeldBackend(Backend):
     """A backend that only records what it was asked to run, and how it was to place it."""
 
     name = "held"
+    Options = HeldOptions
     placed: ClassVar[list[tuple[list[int], Placement]]] = []
 
     def submit(self, engine, db_url: str, run_ids: Sequence[int], placement: Placement, *, detach: bool = False,
@@ -201,13 +211,14 @@ def test_a_resumed_run_is_placed_as_its_launch_placed_it(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNRES_CHECKPOINTS", str(tmp_path / "checkpoints"))
     monkeypatch.setenv("ATTNRES_LOGS", str(tmp_path / "logs"))
     engine = get_engine(str(tmp_path / "runs.db"))
-    where = Placement(nproc=2, nodes=3, gpus_per_node=8, partition="gpu", time_limit="1:00:00")
+    where = backends.get("held").placement(2, {"nodes": "3", "partition": "gpu"})
+    assert where == Placement(2, HeldOptions(nodes=3, partition="gpu"))
     req = planning.request(["standard"], [1, 2], steps=5, backend="held", placement=where)
     ids = orchestrator.enqueue(engine, planning.plan(engine, req), req)
-    assert all(Placement.from_json(store.get_run(engine, rid).placement_json) == where for rid in ids)
+    assert all(backends.get("held").placement_of(store.get_run(engine, rid)) == where for rid in ids)
     for rid in ids:
         states.transition(engine, rid, states.FAILED, states.SUPERVISOR)
     store.update_run(engine, ids[1], placement_json=None)  # (recorded before placements were: its rank count)
     HeldBackend.placed.clear()
     orchestrator.resume(engine, str(engine.url), ids)
-    assert HeldBackend.placed == [([ids[0]], where), ([ids[1]], Placement(nproc=2))]
+    assert HeldBackend.placed == [([ids[0]], where), ([ids[1]], Placement(2, HeldOptions()))]

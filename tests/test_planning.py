@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from attnres.errors import AttnresError
-from attnres.runs import orchestrator, planning
+from attnres.runs import backends, orchestrator, planning
 from attnres.runs.backends import Placement
+from attnres.runs.backends.slurm import SlurmOptions
 from attnres.tracking import states, store
 from attnres.tracking.db import get_engine
 
@@ -20,8 +23,7 @@ from attnres.tracking.db import get_engine
     ({"preset": "huge"}, "unknown preset 'huge'"),
     ({"overrides": ["n_layers=2"]}, "did you mean 'n_layer'"),
     ({"placement": Placement(nproc=0)}, "--nproc"),
-    ({"backend": "slurm", "placement": Placement(time_limit="forever")}, "bad --time"),
-    ({"backend": "slurm", "placement": Placement(options={"x": "1"})}, "takes no --backend-opt"),
+    ({"backend": "slurm", "placement": Placement(options=SlurmOptions(time_limit="forever"))}, "bad --time"),
 ])
 def test_a_bad_request_is_refused_before_anything_is_recorded(kwargs, message):
     args = {"variants": ["standard"], "seeds": [1]} | kwargs
@@ -61,3 +63,22 @@ def test_resume_refuses_runs_that_are_not_interrupted_and_changes_nothing(tmp_pa
     assert store.status_of(engine, a) == states.FAILED  # checked all before changing any
     assert orchestrator.reopen(engine, [a]) == [f"run {a} (standard, seed 1): no checkpoint: starting over from step 0"]
     assert store.status_of(engine, a) == states.QUEUED
+
+
+@pytest.mark.parametrize(("backend", "given", "message"), [
+    ("slurm", {"x": "1"}, "--x is not an option of the slurm backend (its options: --nodes, --gpus-per-node, "
+                          "--partition, --time)"),
+    ("local", {"partition": "gpu"}, "--partition is not an option of the local backend (its options: "
+                                    "--gpus-per-run)"),
+    ("local", {"nodes": 2}, "--nodes is not an option of the local backend"),
+    ("slurm", {"nodes": "two"}, "--nodes 'two': not a valid int"),
+])
+def test_each_backend_takes_its_own_typed_options(backend, given, message):
+    with pytest.raises(AttnresError, match=re.escape(message)):
+        backends.get(backend).placement(1, given)
+
+
+def test_options_given_as_text_get_their_types():
+    p = backends.get("slurm").placement(2, {"nodes": "3", "gpus_per_node": 8, "time_limit": "1:00:00"})
+    assert p == Placement(2, SlurmOptions(nodes=3, gpus_per_node=8, time_limit="1:00:00"))
+    assert backends.get("local").placement(1, {}).option("gpus_per_run") == 1

@@ -226,12 +226,12 @@ def resume(engine: Engine, db_url: str, run_ids: Sequence[int], *, detach: bool 
         say(line)  # before the queue starts (a foreground queue returns when the runs end)
     runs = [store.get_run(engine, rid) for rid in run_ids]
     done = Submitted(results=None)
-    placed = {r.id: (backends.backend_of(r), backends.get(backends.backend_of(r)).placement_of(r).to_json())
-              for r in runs}
-    for name, placement in dict.fromkeys(placed.values()):  # one submission per backend and placement
-        ids = [rid for rid, where in placed.items() if where == (name, placement)]
-        got = backends.get(name).resume(engine, db_url, ids, backends.Placement.from_json(placement), detach=detach,
-                                        on_tick=on_tick)
+    placed = {r.id: (backends.backend_of(r), backends.get(backends.backend_of(r)).placement_of(r)) for r in runs}
+    groups: dict[tuple[str, str], list[int]] = {}  # one submission per backend and placement
+    for rid, (name, placement) in placed.items():
+        groups.setdefault((name, placement.to_json()), []).append(rid)
+    for (name, _), ids in groups.items():
+        got = backends.get(name).resume(engine, db_url, ids, placed[ids[0]][1], detach=detach, on_tick=on_tick)
         done.lines += got.lines
         if got.results is not None:
             done.results = {**(done.results or {}), **got.results}

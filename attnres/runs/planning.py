@@ -177,18 +177,9 @@ def on_end_warning(command: str | None) -> str | None:
 
 
 def placement_warning(backend: str, placement: Placement) -> str | None:
-    """What ``--gpus-per-run`` will not do on a machine without GPUs: the local backend then trains each run on
-    CPU (``--nproc`` processes), which a user who asked for GPUs should hear before the runs start, not find out
-    from their speed. None when it is honoured (or not asked: one GPU per run is the default). torch is asked for
-    its GPU count only when a GPU driver is loaded and several GPUs per run are asked for."""
-    if backend != DEFAULT_BACKEND or placement.gpus_per_run <= 1:
-        return None
-    from attnres.runs.backends.devices import gpu_driver_loaded, visible_gpus
-
-    if gpu_driver_loaded() and visible_gpus():
-        return None  # (fewer GPUs than asked for: the queue refuses that itself)
-    return (f"--gpus-per-run {placement.gpus_per_run}: this machine has no GPU, so each run trains on CPU "
-            f"with {placement.nproc} process(es) (--nproc)")
+    """What the user should hear about a placement the backend will honour differently than asked (its own rule:
+    the local backend's for ``--gpus-per-run`` on a machine without GPUs)."""
+    return backends.get(backend).warning(placement)
 
 
 @dataclass

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -38,26 +39,26 @@ REGISTRY: dict[str, str] = {
 
 
 @dataclass(frozen=True)
-class Placement:
-    """How each run is placed. A backend reads the fields it knows and refuses what it cannot honour."""
+class NoOptions:
+    """The options of a backend that takes none."""
 
-    nproc: int = 1  # ranks per run (per node) on CPU
-    gpus_per_run: int = 1  # local: GPUs a run gets when the machine has GPUs
-    nodes: int = 1  # cluster backends: nodes per run
-    gpus_per_node: int = 0  # cluster backends: 0 = a CPU job of nproc ranks per node
-    partition: str | None = None
-    time_limit: str | None = None
-    options: dict[str, str] = field(default_factory=dict)  # --backend-opt KEY=VALUE, backend-specific
+
+@dataclass(frozen=True)
+class Placement:
+    """How each run is placed: its ranks, and the options of the backend that runs it (that backend's own
+    typed :attr:`Backend.Options`; None: its defaults)."""
+
+    nproc: int = 1  # ranks per run (per node)
+    options: Any = None
+
+    def option(self, name: str, default: Any = None) -> Any:
+        """One of the backend's options (``default`` when it has no such option or none were given)."""
+        return getattr(self.options, name, default)
 
     def to_json(self) -> str:
         """As recorded with each run it placed (``runs.placement_json``): a resume places the run the same way."""
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> Placement:
-        """A recorded placement (fields this version does not know are left out)."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in json.loads(text).items() if k in known})
+        opts = asdict(self.options) if self.options is not None else {}
+        return json.dumps({"nproc": self.nproc, "options": opts}, sort_keys=True)
 
 
 @dataclass
@@ -97,9 +98,40 @@ class QueueStopped(Exception):
 
 
 class Backend:
-    """The protocol. Subclasses set ``name`` and implement submit, poll and kill."""
+    """The protocol. Subclasses set ``name`` and implement submit, poll and kill; ``Options`` declares the
+    backend's own options (a frozen dataclass: names, types, defaults), which `launch` flags and
+    ``--backend-opt KEY=VALUE`` set."""
 
     name = "?"
+    Options: type = NoOptions
+
+    def options(self, given: dict[str, object]) -> object:
+        """This backend's options from what the user gave (flag or ``--backend-opt`` values, by option name;
+        text is converted to the option's type). One clear line for an option it does not have."""
+        known = {f.name: f for f in fields(self.Options)}
+        values = {}
+        for key, value in given.items():
+            name = key.replace("-", "_")
+            if name not in known:
+                have = ", ".join(self.flag(n) for n in known) or "none"
+                raise AttnresError(f"{self.flag(name)} is not an option of the {self.name} backend "
+                                   f"(its options: {have})")
+            values[name] = _typed(value, known[name], flag=self.flag(name))
+        return self.Options(**values)
+
+    def flag(self, option: str) -> str:
+        """The `launch` flag of an option (``--backend-opt name=...`` sets it too)."""
+        return getattr(self.Options, "FLAGS", {}).get(option, "--" + option.replace("_", "-"))
+
+    def placement(self, nproc: int, given: dict[str, object]) -> Placement:
+        """A placement on this backend, checked (:meth:`check`)."""
+        placement = Placement(nproc, self.options(given))
+        self.check(placement)
+        return placement
+
+    def warning(self, placement: Placement) -> str | None:
+        """What the user should hear about a placement this backend will honour differently than asked."""
+        return None
 
     def check(self, placement: Placement) -> None:
         """Refuse, with one clear line (AttnresError), a placement this backend cannot honour."""
@@ -119,8 +151,11 @@ class Backend:
         """How to place a run again on a resume: as its launch placed it (recorded with the run); a run recorded
         before placements were (schema 0010) gets as many ranks as its first attempt had, the defaults otherwise."""
         if run.placement_json:
-            return Placement.from_json(run.placement_json)
-        return Placement(nproc=run.world_size or 1)
+            recorded = json.loads(run.placement_json)
+            known = {f.name for f in fields(self.Options)}
+            opts = {k: v for k, v in (recorded.get("options") or {}).items() if k in known}
+            return Placement(int(recorded.get("nproc", 1)), self.Options(**opts))
+        return Placement(run.world_size or 1, self.Options())
 
     def describe(self, run_id: int | str, db_url: str, placement: Placement) -> list[str]:
         """What submitting the run would execute, as lines to show (``--dry-run``): its trainer command here."""
@@ -196,6 +231,23 @@ def missing_log(run_id: int, log_path: str | None, started: bool) -> str:
     if log_path and started:
         return f"run {run_id}'s log {log_path} is gone (deleted?)"
     return f"run {run_id} has no log yet"
+
+
+def _typed(value: object, spec: Any, flag: str) -> object:
+    """A given option value as its field's type (int, float, str, or None where the field allows it)."""
+    kind = spec.type if isinstance(spec.type, str) else getattr(spec.type, "__name__", "str")
+    if value is None or not isinstance(value, str):
+        return value
+    try:
+        if kind.startswith("int"):
+            return int(value)
+        if kind.startswith("float"):
+            return float(value)
+        if kind.startswith("bool"):
+            return {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}[value.lower()]
+    except (ValueError, KeyError):
+        raise AttnresError(f"{flag} {value!r}: not a valid {kind.split(' ')[0]}") from None
+    return value
 
 
 def backend_of(run: Run) -> str:

@@ -46,7 +46,7 @@ from attnres.runs.backends import (
     silence,
     trainer_command,
 )
-from attnres.runs.backends.devices import threads_per_process, visible_gpus
+from attnres.runs.backends.devices import gpu_driver_loaded, threads_per_process, visible_gpus
 from attnres.runs.backends.processes import kill_grace_s, kill_tree, process_alive
 from attnres.runs.backends.slots import Slots
 from attnres.tracking import completeness, lifecycle, states, store
@@ -280,24 +280,42 @@ def start_detached(db: str | None, run_ids: Sequence[int], nproc: int, gpus_per_
 
 
 
+@dataclass(frozen=True)
+class LocalOptions:
+    """What a run on this machine asks for beyond its ranks."""
+
+    gpus_per_run: int = 1  # GPUs each run gets when the machine has GPUs (--gpus-per-run)
+
+
 class LocalBackend(Backend):
     """Runs on this machine, through the queue above."""
 
     name = "local"
+    Options = LocalOptions
 
     def check(self, placement: Placement) -> None:
-        if placement.nproc < 1 or placement.gpus_per_run < 1:
+        if placement.nproc < 1 or placement.option("gpus_per_run", 1) < 1:
             raise AttnresError("--nproc and --gpus-per-run must be at least 1")
-        if placement.nodes != 1:
-            raise AttnresError("the local backend runs on this machine: --nodes must be 1")
+
+    def warning(self, placement: Placement) -> str | None:
+        """What ``--gpus-per-run`` will not do on a machine without GPUs: each run then trains on CPU (``--nproc``
+        processes), which a user who asked for GPUs should hear before the runs start, not find out from their
+        speed. None when it is honoured (or not asked: one GPU per run is the default). torch is asked for its GPU
+        count only when a GPU driver is loaded and several GPUs per run are asked for."""
+        gpus = placement.option("gpus_per_run", 1)
+        if gpus <= 1 or (gpu_driver_loaded() and visible_gpus()):
+            return None  # (fewer GPUs than asked for: the queue refuses that itself)
+        return (f"--gpus-per-run {gpus}: this machine has no GPU, so each run trains on CPU "
+                f"with {placement.nproc} process(es) (--nproc)")
 
     def submit(self, engine: Engine, db_url: str, run_ids: Sequence[int], placement: Placement, *,
                detach: bool = False, on_tick: Callable[[], None] | None = None) -> Submitted:
         if detach:
-            pid = start_detached(db_url, run_ids, placement.nproc, placement.gpus_per_run)
+            pid = start_detached(db_url, run_ids, placement.nproc, placement.option("gpus_per_run", 1))
             return Submitted([f"queued runs {', '.join(map(str, run_ids))}; queue running in the background "
                               f"(pid {pid}); follow with `attnres status --watch` or `attnres logs RUN -f`"])
-        results = run_queue(engine, db_url, run_ids, placement.nproc, placement.gpus_per_run, on_tick=on_tick)
+        results = run_queue(engine, db_url, run_ids, placement.nproc, placement.option("gpus_per_run", 1),
+                            on_tick=on_tick)
         return Submitted(results=results)
 
     def poll(self, runs: Sequence[Run]) -> dict[int, tuple[str, str]]:

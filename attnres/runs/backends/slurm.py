@@ -11,7 +11,9 @@ import re
 import shlex
 import subprocess
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from sqlalchemy import Engine
 
@@ -26,31 +28,42 @@ _TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
+@dataclass(frozen=True)
+class SlurmOptions:
+    """What a SLURM job asks for beyond its ranks (``--nodes``, ``--gpus-per-node``, ``--partition``, ``--time``)."""
+
+    nodes: int = 1  # nodes per run
+    gpus_per_node: int = 0  # 0: a CPU job of --nproc ranks per node
+    partition: str | None = None
+    time_limit: str | None = None
+    FLAGS: ClassVar[dict[str, str]] = {"time_limit": "--time"}
+
+
 def check(p: Placement) -> None:
     """Refuse options that would not make a valid sbatch script."""
-    if p.partition is not None and not _NAME.match(p.partition):
-        raise AttnresError(f"bad --partition '{p.partition}'")
-    if p.time_limit is not None and not _TIME.match(p.time_limit):
-        raise AttnresError(f"bad --time '{p.time_limit}': use D-HH:MM:SS, HH:MM:SS or minutes")
-    if p.nodes < 1 or p.gpus_per_node < 0 or p.nproc < 1:
+    o = p.options or SlurmOptions()
+    if o.partition is not None and not _NAME.match(o.partition):
+        raise AttnresError(f"bad --partition '{o.partition}'")
+    if o.time_limit is not None and not _TIME.match(o.time_limit):
+        raise AttnresError(f"bad --time '{o.time_limit}': use D-HH:MM:SS, HH:MM:SS or minutes")
+    if o.nodes < 1 or o.gpus_per_node < 0 or p.nproc < 1:
         raise AttnresError("--nodes and --nproc must be >= 1, --gpus-per-node >= 0")
-    if p.options:
-        raise AttnresError(f"the slurm backend takes no --backend-opt (got {', '.join(p.options)})")
 
 
 def script(run_id: int, db_url: str, p: Placement, workdir: Path, log: Path) -> str:
     """The sbatch script of one run. Every interpolated value is validated or shell-quoted."""
-    per_node = p.gpus_per_node or p.nproc
-    lines = ["#!/bin/bash", f"#SBATCH --job-name=attnres-{run_id}", f"#SBATCH --nodes={p.nodes}",
+    o = p.options or SlurmOptions()
+    per_node = o.gpus_per_node or p.nproc
+    lines = ["#!/bin/bash", f"#SBATCH --job-name=attnres-{run_id}", f"#SBATCH --nodes={o.nodes}",
              "#SBATCH --ntasks-per-node=1", f"#SBATCH --output={shlex.quote(str(log))}", "#SBATCH --open-mode=append",
              f"#SBATCH --chdir={shlex.quote(str(workdir))}", "#SBATCH --requeue",
              f"#SBATCH --cpus-per-task={per_node}"]
-    if p.gpus_per_node:
-        lines.append(f"#SBATCH --gpus-per-node={p.gpus_per_node}")
-    if p.partition:
-        lines.append(f"#SBATCH --partition={p.partition}")
-    if p.time_limit:
-        lines.append(f"#SBATCH --time={p.time_limit}")
+    if o.gpus_per_node:
+        lines.append(f"#SBATCH --gpus-per-node={o.gpus_per_node}")
+    if o.partition:
+        lines.append(f"#SBATCH --partition={o.partition}")
+    if o.time_limit:
+        lines.append(f"#SBATCH --time={o.time_limit}")
     rdzv = ["--nnodes=$SLURM_NNODES", "--rdzv_id=$SLURM_JOB_ID", "--rdzv_backend=c10d", "--rdzv_endpoint=$HEAD:$PORT"]
     # the rendezvous arguments are ours and name shell variables; everything else is quoted
     args = trainer_command(int(run_id), db_url, per_node, rdzv)
@@ -87,6 +100,7 @@ class SlurmBackend(Backend):
     """One sbatch job per run."""
 
     name = "slurm"
+    Options = SlurmOptions
 
     def check(self, placement: Placement) -> None:
         check(placement)

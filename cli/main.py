@@ -196,7 +196,7 @@ def status(
 ) -> None:
     """Live state of the runs: active ones and the most recent (runs whose process died are marked failed first)."""
 
-    from attnres.runs.status import RECENT, grid_rows, reconcile, resume_note, slot_waits, status_rows
+    from attnres.runs.status import RECENT, grid_rows, reconcile, resume_note, slot_waits, status_rows, why_notes
     from attnres.tracking import states
     from attnres.tracking.db import exists, get_engine
 
@@ -267,7 +267,7 @@ def status(
         table.caption = (f"{len(rows)} of {total} runs: the active ones and the {RECENT} most recent "
                          "(--all for every run)")
     console.print(table)
-    for line in [*slot_waits(rows), *resume_note(rows)]:
+    for line in [*why_notes(engine, rows), *slot_waits(rows), *resume_note(rows)]:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 

@@ -146,6 +146,15 @@ def slot_waits(rows: list[dict[str, object]]) -> list[str]:
     return [f"queued runs wait for a run slot; held: {h.text()}" for h in held]
 
 
+def why_notes(engine: Engine, rows: list[dict[str, object]]) -> list[str]:
+    """Why each shown run that ended short of finished did (failed, incomplete, diverged, stopped): the first line
+    of its recorded message, which names what to do where there is something (``attnres resume``, ``sync``)."""
+    short = {int(r["run"]): str(r["status"]).split()[0] for r in rows
+             if str(r["status"]).split()[0] in (states.FAILED, states.INCOMPLETE, states.DIVERGED, states.STOPPED)}
+    found = listing.messages(engine, list(short))
+    return [f"run {rid} {short[rid]}: {found[rid].splitlines()[0][:300]}" for rid in sorted(found)]
+
+
 def resume_note(rows: list[dict[str, object]]) -> list[str]:
     """The one command that continues the preempted runs among ``rows`` (stopped with a checkpoint, or never
     started because their queue died): a preempted run waits for nobody."""

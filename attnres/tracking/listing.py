@@ -18,6 +18,7 @@ from attnres.tracking.states import ACTIVE
 STATUS_COLUMNS = ["id", "experiment", "preset", "variant", "seed", "status", "step", "total_steps", "stop_step",
                   "config_json", "heartbeat_at"]
 RUNS = table("runs", *(column(c) for c in STATUS_COLUMNS))
+MESSAGES = table("runs", column("id"), column("message"))
 METRICS = table("metrics", column("run_id"), column("key_id"), column("step"), column("value"))
 METRIC_KEYS = table("metric_keys", column("id"), column("name"))
 
@@ -63,3 +64,12 @@ def latest_values(engine: Engine, run_ids: Sequence[int], keys: Sequence[str]) -
                 if value is not None:
                     out[run_id][name] = float(value)
     return out
+
+
+def messages(engine: Engine, run_ids: Sequence[int]) -> dict[int, str]:
+    """Why each of these runs is where it is (its recorded message), for the runs that have one."""
+    if not run_ids:
+        return {}
+    with engine.connect() as conn:
+        rows = conn.execute(select(MESSAGES.c.id, MESSAGES.c.message).where(MESSAGES.c.id.in_(list(run_ids)))).all()
+    return {int(i): str(m) for i, m in rows if m}

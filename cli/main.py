@@ -101,7 +101,7 @@ def launch(
     placement = backends.get(backend).placement(nproc, given)
     req = planning.request(variant, seeds, preset, steps, set_, data, backend, placement, kill_if_worse_than,
                            by, at_step, force, experiment, mirror, on_end)
-    for warning in (planning.on_end_warning(on_end), planning.placement_warning(req.backend, req.placement)):
+    for warning in (planning.on_end_warning(on_end), backends.get(req.backend).warning(req.placement)):
         if warning:
             err.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
     url = normalize_url(db)

@@ -17,7 +17,7 @@ from attnres.config import RunConfig
 from attnres.errors import AttnresError
 from attnres.logline import say
 from attnres.runs import backends, grid
-from attnres.runs.backends import Submitted
+from attnres.runs.backends import Placement, Submitted
 from attnres.runs.planning import LaunchRequest, PlannedRun, check_data, git_commit
 from attnres.tracking import launches, lifecycle, mirror_marks, states, store
 from attnres.variants.registry import check_revision
@@ -165,8 +165,7 @@ def reopen(engine: Engine, run_ids: Sequence[int], restart: bool = False) -> lis
             raise AttnresError(f"run {r.id} ran on backend '{r.backend}', which this installation does not have")
     for r in runs:  # every spool first: a refusal then leaves no run reopened with nothing to start it
         try:
-            with lifecycle.recover(engine, store.spool_path(r)):
-                pass
+            lifecycle.recover_now(engine, store.spool_path(r))
         except AttnresError as exc:
             raise AttnresError(f"run {r.id}: {exc}") from None
     stage = Stage(launches.RESUME)
@@ -226,12 +225,13 @@ def resume(engine: Engine, db_url: str, run_ids: Sequence[int], *, detach: bool 
         say(line)  # before the queue starts (a foreground queue returns when the runs end)
     runs = [store.get_run(engine, rid) for rid in run_ids]
     done = Submitted(results=None)
-    placed = {r.id: (backends.backend_of(r), backends.get(backends.backend_of(r)).placement_of(r)) for r in runs}
-    groups: dict[tuple[str, str], list[int]] = {}  # one submission per backend and placement
-    for rid, (name, placement) in placed.items():
-        groups.setdefault((name, placement.to_json()), []).append(rid)
-    for (name, _), ids in groups.items():
-        got = backends.get(name).resume(engine, db_url, ids, placed[ids[0]][1], detach=detach, on_tick=on_tick)
+    groups: dict[tuple[str, str], tuple[Placement, list[int]]] = {}  # one submission per backend and placement
+    for r in runs:
+        name = backends.backend_of(r)
+        placement = backends.get(name).placement_of(r)
+        groups.setdefault((name, placement.to_json()), (placement, []))[1].append(r.id)
+    for (name, _), (placement, ids) in groups.items():
+        got = backends.get(name).resume(engine, db_url, ids, placement, detach=detach, on_tick=on_tick)
         done.lines += got.lines
         if got.results is not None:
             done.results = {**(done.results or {}), **got.results}

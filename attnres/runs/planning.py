@@ -176,12 +176,6 @@ def on_end_warning(command: str | None) -> str | None:
             f"words; for shell syntax start a shell: --on-end {shlex.quote(inner)}")
 
 
-def placement_warning(backend: str, placement: Placement) -> str | None:
-    """What the user should hear about a placement the backend will honour differently than asked (its own rule:
-    the local backend's for ``--gpus-per-run`` on a machine without GPUs)."""
-    return backends.get(backend).warning(placement)
-
-
 @dataclass
 class PlannedRun:
     cfg: RunConfig

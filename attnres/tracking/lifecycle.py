@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine
 
@@ -71,12 +72,16 @@ def recover(engine: Engine, path: Path, *, wait: bool = True, lock: bool = True,
         yield _read(engine, Path(path), truncate, only_if, keep_going) if ours else Recovery(False)
 
 
+def recover_now(engine: Engine, path: Path, **options: Any) -> Recovery:
+    """:func:`recover` where nothing is judged under the lock: the spool is read in, and the lock let go."""
+    with recover(engine, path, **options) as done:
+        return done
+
+
 def _read(engine: Engine, path: Path, truncate: bool, only_if: Callable[[], bool] | None,
           keep_going: bool) -> Recovery:
     if only_if is not None and not only_if():
         return Recovery(True)
-    if not (path.exists() and path.stat().st_size):
-        return Recovery(True, True, {"rows": 0, "runs": 0, "skipped": 0, "refused": 0})
     try:
         return Recovery(True, True, spool.ingest(engine, path, truncate=truncate,
                                                  on_end=lambda run_id: ended(engine, run_id)))

@@ -180,7 +180,7 @@ def ingest(engine: Engine, spool: Path, truncate: bool = True,
     run whose end the replay recorded (:func:`attnres.tracking.lifecycle.recover` starts its ``--on-end``).
     """
     spool = Path(spool)
-    if not spool.exists():
+    if not (spool.exists() and spool.stat().st_size):  # (nothing to write: the database is not even looked at)
         return {"rows": 0, "runs": 0, "skipped": 0, "refused": 0}
     try:
         check_location(engine)

@@ -286,8 +286,7 @@ class MetricWriter:
         if ok and self.spool.exists():
             try:
                 if self.spool_ok:
-                    with lifecycle.recover(self.engine, self.spool, lock=False):  # confirmed, then emptied
-                        pass
+                    lifecycle.recover_now(self.engine, self.spool, lock=False)  # confirmed, then emptied
                 elif confirm.confirmed(self.engine, [(self.run_id, *self.last_row)]):
                     os.truncate(self.spool, 0)  # a spool the disk cut short: the database has all of it
             except (SQLAlchemyError, OSError, AttnresError) as exc:
@@ -324,8 +323,7 @@ class MetricWriter:
         try:
             check_location(self.engine)  # never into a deleted database file that a pooled connection holds
             if self.failures and self.spool.exists():
-                with lifecycle.recover(self.engine, self.spool, lock=False, truncate=False):  # earlier failures'
-                    pass
+                lifecycle.recover_now(self.engine, self.spool, lock=False, truncate=False)  # earlier failures' rows
                 if self.mirror is not None:
                     self.mirror.catch_up()
             for step in drops:

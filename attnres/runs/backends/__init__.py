@@ -210,7 +210,7 @@ class Backend:
                         continue  # another attempt, or the trainer's own word since: judged again next time
                     seen = {col: getattr(run, col) for col in _ATTEMPT}
                     if lifecycle.move(engine, run.id, states.FAILED, states.MONITOR, where=seen,
-                                         ended_at=store.now(), message=why):
+                                      ended_at=store.now(), message=why):
                         dead.append(run.id)
             except (SQLAlchemyError, AttnresError, OSError):
                 continue

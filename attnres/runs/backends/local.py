@@ -349,7 +349,7 @@ class LocalBackend(Backend):
             seen = {"queue_pid": run.queue_pid, "status": states.QUEUED}
             if lifecycle.move(engine, run.id, states.PREEMPTED, states.MONITOR, where=seen,
                               message=f"not started: its queue (pid {run.queue_pid}) is gone; `attnres resume "
-                                  f"{run.id}` (or the same launch again) starts it"):
+                                      f"{run.id}` (or the same launch again) starts it"):
                 dead.append(run.id)
         return dead
 

@@ -12,12 +12,16 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from attnres.errors import AttnresError, unknown
+
+#: what an experiment may be called (a folder name, a mirror's experiment, a report's scope)
+EXPERIMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass(frozen=True)

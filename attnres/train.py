@@ -22,8 +22,8 @@ import sys
 from attnres import paths
 from attnres.config import RunConfig
 from attnres.logline import exit_now, say
-from attnres.tracking import launches, store
-from attnres.tracking.db import get_engine
+from attnres.tracking import launches
+from attnres.tracking.run_store import RunStore
 from attnres.training import distributed
 from attnres.training.loop import NullRecorder, header_prefix, speed_conditions, train
 from attnres.training.recorder import NotStarted, open_recorder
@@ -62,15 +62,15 @@ def attempt_number(log_path: str | None, run_id: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     d = distributed.setup()
-    engine = get_engine(args.db)
+    store = RunStore(args.db)
     log_path = None
     if args.run_id is not None:
-        run = store.get_run(engine, args.run_id)
+        run = store.run(args.run_id)
         cfg = RunConfig.from_dict(json.loads(run.config_json))
         run_id, log_path = args.run_id, run.log_path
     else:
         cfg = resolve_run(args.variant, args.preset, args.seed, args.overrides, args.data)
-        run_id = store.create_run(engine, cfg, log_path=None, launch_id=launches.create(engine, launches.DIRECT)) \
+        run_id = store.create_run(cfg, log_path=None, launch_id=store.new_launch(launches.DIRECT)) \
             if d.is_rank0 else -1
         if d.world > 1:
             import torch.distributed as dist
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     recorder, not_started = NullRecorder(), None
     if d.is_rank0:
         try:
-            recorder = open_recorder(engine, run_id, d.world, d.describe(), speed_conditions(cfg.train, d))
+            recorder = open_recorder(store, run_id, d.world, d.describe(), speed_conditions(cfg.train, d))
         except NotStarted as exc:
             not_started = exc
     stop = not_started is not None
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         if not_started is not None:
             say(f"attnres: {not_started}")
         distributed.teardown(d)
-        engine.dispose()
+        store.close()
         return 0
     try:
         check_revision(cfg, run_id)  # a run recorded by older code is not continued by this one
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         distributed.teardown(d)
     if d.is_rank0:
         recorder.finish(ending)
-    engine.dispose()
+    store.close()
     return 0
 
 

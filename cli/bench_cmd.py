@@ -100,9 +100,9 @@ def bench(
     else:
         _bench_table(rows, preset, 10 if steps is None else steps)
     if record:  # after the figures are out: a database that cannot take them loses no measurement
-        from attnres.tracking.db import get_engine
+        from attnres.tracking.run_store import RunStore
 
-        session = store_session(get_engine(db), rows, preset, set_, 10 if steps is None else steps)
+        session = store_session(RunStore(db), rows, preset, set_, 10 if steps is None else steps)
         err.print(f"recorded as bench {session} ({rows[0]['device_model']}, {rows[0]['threads']} thread(s)): "
                   "reports take speed costs from it where the runs they compare trained under different conditions")
 

@@ -48,16 +48,16 @@ def report(
     db: DbOpt = None,
 ) -> None:
     """Write the results document of one experiment (default: the latest) from the database."""
-    from attnres.tracking.db import get_engine
+    from attnres.tracking.run_store import RunStore
 
-    engine = get_engine(db, create=False)  # no database: one line at once, before the report code is imported
+    store = RunStore(db, create=False)  # no database: one line at once, before the report code is imported
 
     from attnres.runs.grid import parse_pick
     from attnres.variants.registry import canonical
     from reports.build import write_report
 
     pick = parse_pick(set_ or [])
-    write_report(engine, out, canonical(baseline), step, plots, experiment, preset, budget, data, pick, tuned,
+    write_report(store, out, canonical(baseline), step, plots, experiment, preset, budget, data, pick, tuned,
                  figures=figures)
     console.print(f"wrote {out}")
 
@@ -80,9 +80,9 @@ def compare(
 ) -> None:
     """Compare variants, or settings of one (control_block@lr=1e-3 control_block@lr=3e-3), side by side: aligned
     eval losses, seed statistics, config, cost."""
-    from attnres.tracking.db import get_engine
+    from attnres.tracking.run_store import RunStore
 
-    get_engine(db, create=False)  # no database: one line at once, before the report code is imported
+    store = RunStore(db, create=False)  # no database: one line at once, before the report code is imported
 
     from attnres.runs.grid import parse_pick
     from reports import compare as compare_tables
@@ -91,8 +91,7 @@ def compare(
     pick = parse_pick(set_ or [])
     if out:
         outputs.check(out, example="comparison.md")
-    result = run_compare(get_engine(db, create=False), variant, step, plot, experiment, preset, budget, data, pick,
-                         tuned)
+    result = run_compare(store, variant, step, plot, experiment, preset, budget, data, pick, tuned)
     console.print(result.scope.label(), markup=False, highlight=False)
     for other in result.also:
         console.print(f"also holding these variants: {other.label()} ({other.flags()})", highlight=False,
@@ -123,9 +122,9 @@ def inspect(
     db: DbOpt = None,
 ) -> None:
     """Draw one run's depth-attention map: each site's mean weight on each source, at an eval."""
-    from attnres.tracking.db import get_engine
+    from attnres.tracking.run_store import RunStore
     from reports.build import inspect as draw
 
-    at, summary = draw(get_engine(db, create=False), run, out, step)
+    at, summary = draw(RunStore(db, create=False), run, out, step)
     console.print(f"run {run} at step {at:,}: {summary}", markup=False, highlight=False, soft_wrap=True)
     console.print(f"wrote {out}", markup=False, highlight=False, soft_wrap=True)

@@ -20,10 +20,9 @@ def export_cmd(
     db: DbOpt = None,
 ) -> None:
     """Export runs and their metrics (all, or one experiment's or preset's) to CSV or Parquet."""
-    from attnres.tracking.db import get_engine
-    from attnres.tracking.transfer import export
+    from attnres.tracking.run_store import RunStore
 
-    for path in export(get_engine(db, create=False), out, fmt, experiment, preset):
+    for path in RunStore(db, create=False).export(out, fmt, experiment, preset):
         console.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
 
 
@@ -33,11 +32,11 @@ def import_cmd(
     db: DbOpt = None,
 ) -> None:
     """Import runs recorded elsewhere (format: see attnres/tracking/transfer.py or README) into the database."""
-    from attnres.tracking.db import get_engine
-    from attnres.tracking.transfer import import_file, imported_text, read_import
+    from attnres.tracking.run_store import RunStore
+    from attnres.tracking.transfer import imported_text, read_import
 
     frame = read_import(file)  # checked before the database is opened: bad input changes nothing
-    counts = import_file(get_engine(db), file, frame)
+    counts = RunStore(db).import_file(file, frame)
     console.print(imported_text(counts), markup=False, highlight=False, soft_wrap=True)
 
 

@@ -11,10 +11,10 @@ import typer
 from rich import box
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy.exc import SQLAlchemyError
 
 from attnres.errors import AttnresError
 from attnres.runs import DEFAULT_BACKEND
+from attnres.tracking.run_store import DatabaseError, RunStore
 from cli.app import (
     DbOpt,
     ExperimentOpt,
@@ -93,7 +93,7 @@ def launch(
 
     `--set lr=3e-4,1e-3` sweeps a setting (several swept settings make a product)."""
     from attnres.runs import backends, orchestrator, planning
-    from attnres.tracking.db import get_engine, normalize_url
+    from attnres.tracking.db import normalize_url
 
     flags = {"gpus_per_run": gpus_per_run, "nodes": nodes, "gpus_per_node": gpus_per_node, "partition": partition,
              "time_limit": time_limit}  # each backend takes its own (given ones only: the rest are its defaults)
@@ -105,10 +105,10 @@ def launch(
         if warning:
             err.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
     url = normalize_url(db)
-    engine = None if dry_run else get_engine(db)
-    if engine is not None:
-        orchestrator.reconcile(engine)  # after a crash: its dead runs end (and continue below) before planning
-    cells = planning.plan(engine, req)
+    store = None if dry_run else RunStore(db)
+    if store is not None:
+        orchestrator.reconcile(store)  # after a crash: its dead runs end (and continue below) before planning
+    cells = planning.plan(store, req)
     for c in cells:
         show_cell(c)
         if dry_run and not c.skip:  # what the backend would run: a torchrun command here, a job script on SLURM
@@ -116,7 +116,7 @@ def launch(
                 console.print("  " + line, soft_wrap=True, markup=False, highlight=False)
     if dry_run or all(c.skip for c in cells):
         return
-    submit(engine, lambda bars: orchestrator.launch(engine, url, req, cells, detach=detach, on_queued=bars.watch)[1])
+    submit(store, lambda bars: orchestrator.launch(store, req, cells, detach=detach, on_queued=bars.watch)[1])
 
 
 def key_values(items: list[str], option: str) -> dict[str, str]:
@@ -139,15 +139,14 @@ def resume(
 ) -> None:
     """Continue interrupted runs (failed, killed, preempted, incomplete) from their last checkpoint."""
     from attnres.runs import orchestrator
-    from attnres.tracking.db import get_engine, normalize_url
 
-    engine = get_engine(db, create=False)
+    store = RunStore(db, create=False)
 
     def start(bars: RunBars) -> Submitted:
         bars.watch(list(run))
-        return orchestrator.resume(engine, normalize_url(db), run, detach=detach, restart=restart, on_tick=bars.tick)
+        return orchestrator.resume(store, run, detach=detach, restart=restart, on_tick=bars.tick)
 
-    submit(engine, start)
+    submit(store, start)
 
 
 @app.command()
@@ -158,11 +157,10 @@ def kill(
 ) -> None:
     """Stop runs now (their process group, or their SLURM job) and mark them killed."""
     from attnres.runs import orchestrator
-    from attnres.tracking.db import get_engine
 
     if not all_ and not run:
         raise AttnresError("name run ids, or pass --all")
-    done = orchestrator.kill(get_engine(db, create=False), None if all_ else run)
+    done = orchestrator.kill(RunStore(db, create=False), None if all_ else run)
     console.print(f"killed {len(done)} run(s){': ' + ', '.join(map(str, done)) if done else ''}")
 
 
@@ -175,12 +173,10 @@ def logs(
 ) -> None:
     """Show a run's log (stdout and stderr of its torchrun job)."""
     from attnres.runs import backends
-    from attnres.tracking import store
-    from attnres.tracking.db import get_engine
 
-    engine = get_engine(db, create=False)
-    r = store.get_run(engine, run)
-    for line in backends.get(backends.backend_of(r)).logs(engine, r, lines, follow):
+    store = RunStore(db, create=False)
+    r = store.run(run)
+    for line in backends.get(backends.backend_of(r)).logs(store, r, lines, follow):
         console.print(line, markup=False, highlight=False)
 
 
@@ -198,23 +194,20 @@ def status(
 
     from attnres.runs.status import RECENT, grid_rows, reconcile, resume_note, slot_waits, status_rows, why_notes
     from attnres.tracking import states
-    from attnres.tracking.db import exists, get_engine
 
-    if not exists(db):  # nothing launched here yet: an empty listing, not an error (and no file made)
+    if not RunStore.exists(db):  # nothing launched here yet: an empty listing, not an error (and no file made)
         console.print("no runs yet: start one with `attnres launch standard --seeds 42`")
         return
-    engine = get_engine(db, create=False, busy_s=1.0)  # shows what it can read now; never waits on a lock
+    store = RunStore(db, create=False, busy_s=1.0)  # shows what it can read now; never waits on a lock
     if watch and not console.is_terminal:
         # piped (`| tee`, a log, CI): a live view's cursor movement would be garbage there, so each refresh is a
         # time line and the grid's rows as plain aligned text; it ends by itself once nothing in the view is
         # queued or running, so the pipe does too
-        from attnres.tracking.listing import status_runs
-
         try:
             while True:
-                reconcile(engine, experiment, preset, recent=0)
-                header, rows = grid_rows(engine, experiment, preset)
-                active, _ = status_runs(engine, experiment, preset, recent=0)  # recent=0: the active runs only
+                reconcile(store, experiment, preset, recent=0)
+                header, rows = grid_rows(store, experiment, preset)
+                active, _ = store.status_runs(experiment, preset, recent=0)  # recent=0: the active runs only
                 widths = [max(len(r[i]) for r in [header, *rows] if i < len(r)) for i in range(len(header))]
                 console.print(f"{time.strftime('%Y-%m-%d %H:%M:%S')}  {len(active)} run(s) queued or running",
                               markup=False, highlight=False, soft_wrap=True)
@@ -231,8 +224,8 @@ def status(
         from rich.live import Live
 
         def render() -> Table:
-            reconcile(engine, experiment, preset, recent=0)
-            header, rows = grid_rows(engine, experiment, preset)
+            reconcile(store, experiment, preset, recent=0)
+            header, rows = grid_rows(store, experiment, preset)
             table = Table(title="attnres grid (Ctrl-C to leave)")
             for col in header:
                 table.add_column(col)
@@ -247,8 +240,8 @@ def status(
                     live.update(render())
         except KeyboardInterrupt:
             return
-    reconcile(engine, experiment, preset, None if all_ else RECENT)  # the one step of status that writes
-    rows, total = status_rows(engine, experiment, preset, None if all_ else RECENT)
+    reconcile(store, experiment, preset, None if all_ else RECENT)  # the one step of status that writes
+    rows, total = status_rows(store, experiment, preset, None if all_ else RECENT)
     if not rows:
         console.print("no runs match the filter" if experiment or preset
                       else "no runs yet: start one with `attnres launch standard --seeds 42`")
@@ -267,7 +260,7 @@ def status(
         table.caption = (f"{len(rows)} of {total} runs: the active ones and the {RECENT} most recent "
                          "(--all for every run)")
     console.print(table)
-    for line in [*why_notes(engine, rows), *slot_waits(rows), *resume_note(rows)]:
+    for line in [*why_notes(store, rows), *slot_waits(rows), *resume_note(rows)]:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
@@ -279,7 +272,7 @@ def main() -> None:
     except AttnresError as exc:
         err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
-    except SQLAlchemyError as exc:
+    except DatabaseError as exc:
         msg = str(getattr(exc, "orig", None) or exc).splitlines()[0]
         err.print(f"error: database: {msg}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)

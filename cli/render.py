@@ -15,6 +15,7 @@ from cli.bars import RunBars
 if TYPE_CHECKING:
     from attnres.runs.backends import Submitted
     from attnres.runs.planning import PlannedRun
+    from attnres.tracking.run_store import RunStore
 
 
 def show_cell(c: PlannedRun) -> None:
@@ -44,30 +45,30 @@ def stopped(stop: Exception) -> None:
     raise typer.Exit(130)
 
 
-def show_submitted(engine: object, done: Submitted) -> None:
+def show_submitted(store: RunStore, done: Submitted) -> None:
     """Print what a submission did; exit 1 when a run it waited for did not finish."""
     from rich.text import Text
 
     from attnres import paths
-    from attnres.tracking import states, store
+    from attnres.tracking import states
 
     for line in done.lines:  # (they name paths, jobs and hosts: data, never markup)
         console.print(line, markup=False, highlight=False)
     results = done.results or {}
     for run_id, status in results.items():
         color = "green" if status == states.FINISHED else "red"
-        log = store.get_run(engine, run_id).log_path or paths.run_log(run_id)
+        log = store.run(run_id).log_path or paths.run_log(run_id)
         console.print(Text(f"run {run_id}: ").append(status, color).append(f" (log: {log})"))
     if any(s != states.FINISHED for s in results.values()):
         raise typer.Exit(1)
 
 
-def submit(engine: object, start: Callable[[RunBars], Submitted]) -> None:
+def submit(store: RunStore, start: Callable[[RunBars], Submitted]) -> None:
     """Start runs with ``start`` (given the progress bars to feed), then say what it did: the one place the
     verbs that start runs (launch, resume, next --launch) handle their bars and a Ctrl-C (one line, exit 130)."""
     from attnres.runs.backends import QueueStopped
 
-    bars = RunBars(engine)
+    bars = RunBars(store)
     try:
         done = start(bars)
     except QueueStopped as stop:
@@ -75,7 +76,7 @@ def submit(engine: object, start: Callable[[RunBars], Submitted]) -> None:
         stopped(stop)
     finally:
         bars.close()
-    show_submitted(engine, done)
+    show_submitted(store, done)
 
 
 def print_frame(df: object, title: str, floatfmt: str = "") -> None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from attnres.errors import AttnresError
 from cli.app import DbOpt, app, console, db_app, err
+
+if TYPE_CHECKING:
+    from attnres.tracking.run_store import RunStore
 
 
 @app.command()
@@ -25,30 +28,30 @@ def sync(
     with --mirror, then send runs to a mirror (what a run's own mirroring missed, or runs from before)."""
     from attnres import mirrors
     from attnres.runs import orchestrator
-    from attnres.tracking.db import get_engine
+    from attnres.tracking.run_store import RunStore
 
     targets = mirrors.specs(mirror) if mirror else []
     if run and not targets:
         raise AttnresError("--run selects the runs --mirror sends: give --mirror too")
-    engine = get_engine(db)
-    done = orchestrator.sync(engine, spool)
+    store = RunStore(db)
+    done = orchestrator.sync(store, spool)
     for path, got in done:
         extra = f", {got['runs']} run(s) recreated" if got["runs"] else ""
         extra += f", {got['skipped']} unreadable line(s) skipped" if got["skipped"] else ""
         console.print(f"{path}: {got['rows']:,} metric rows{extra}", markup=False, highlight=False, soft_wrap=True)
     console.print(f"synced {len(done)} spool file(s): {sum(g['rows'] for _, g in done):,} rows")
     if targets:
-        _sync_mirrors(engine, targets, run)
+        _sync_mirrors(store, targets, run)
 
 
-def _sync_mirrors(engine: object, targets: list[str], runs: list[int] | None) -> None:
+def _sync_mirrors(store: RunStore, targets: list[str], runs: list[int] | None) -> None:
     from rich.progress import Progress
 
     from attnres.mirrors.sender import sync as send
 
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("mirroring", total=None)
-        done = send(engine, targets, runs, on_run=lambda rid, spec, n: progress.update(
+        done = send(store, targets, runs, on_run=lambda rid, spec, n: progress.update(
             task, advance=1, description=f"run {rid} -> {spec}"))
     from attnres.mirrors.sender import SKIPPED
 
@@ -74,15 +77,14 @@ def mirror_default(
     """Show or set this database's mirrors: where runs launched into it without --mirror are also sent
     (ATTNRES_MIRROR, when set, comes first)."""
     from attnres import mirrors
-    from attnres.tracking import mirror_marks
-    from attnres.tracking.db import get_engine
+    from attnres.tracking.run_store import RunStore
 
     if spec and clear:
         raise AttnresError("give mirrors to set, or --clear, not both")
-    engine = get_engine(db)
+    store = RunStore(db)
     if spec or clear:
-        mirror_marks.set_default_mirrors(engine, mirrors.specs(spec) if spec else None)
-    now = mirror_marks.default_mirrors(engine)
+        store.set_default_mirrors(mirrors.specs(spec) if spec else None)
+    now = store.default_mirrors()
     console.print(f"mirrors of this database: {' '.join(now) if now else 'none'}", markup=False, highlight=False)
 
 

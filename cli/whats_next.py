@@ -33,9 +33,9 @@ def next_cmd(
 ) -> None:
     """What's Next for one scope (default: the latest): the runs that resolve its open comparisons (seeds per
     arm from a power calculation), what is running, what was never run, retries for what failed."""
-    from attnres.tracking.db import get_engine, normalize_url
+    from attnres.tracking.run_store import RunStore
 
-    engine = get_engine(db, create=False)  # no database: one line at once, before the report code is imported
+    store = RunStore(db, create=False)  # no database: one line at once, before the report code is imported
 
     from attnres.runs import orchestrator, planning
     from attnres.runs.grid import parse_pick
@@ -44,7 +44,7 @@ def next_cmd(
     from reports.build import next_plan
 
     kinds = plans.kinds(only)
-    plan = next_plan(engine, canonical(baseline), experiment, preset, budget, data, parse_pick(set_ or []),
+    plan = next_plan(store, canonical(baseline), experiment, preset, budget, data, parse_pick(set_ or []),
                      max_seeds or plans.MAX_SEEDS, kinds)
     console.print(Text(f"What's next for {plan.scope.label()}:", style="bold"))
     for i, item in enumerate(plan.items, 1):
@@ -58,15 +58,15 @@ def next_cmd(
         if cells and not plan.imported:
             console.print(f"`attnres next --launch` starts these {len(cells)} run(s).")
         return
-    orchestrator.reconcile(engine)  # after a crash: its dead runs end (and continue below) before planning
+    orchestrator.reconcile(store)  # after a crash: its dead runs end (and continue below) before planning
     requests = plan.requests(kinds)
     if not requests:
         console.print("nothing to launch: every comparison is resolved, planned, waiting or beyond --max-seeds")
         return
-    batches = [(req, planning.plan(engine, req)) for req in requests]
+    batches = [(req, planning.plan(store, req)) for req in requests]
     for _, planned in batches:
         for c in planned:
             show_cell(c)
-    registration, url = plan.registration_of(kinds), normalize_url(db)
-    submit(engine, lambda bars: orchestrator.launch_plan(engine, url, batches, registration, detach=detach,
-                                                         on_queued=bars.watch)[1])
+    registration = plan.registration_of(kinds)
+    submit(store, lambda bars: orchestrator.launch_plan(store, batches, registration, detach=detach,
+                                                        on_queued=bars.watch)[1])

@@ -33,8 +33,7 @@ from statsmodels.stats.proportion import proportion_confint
 
 from attnres.bench.synthetic import synthetic_db
 from attnres.errors import AttnresError
-from attnres.tracking.db import forget_engines, get_engine
-from attnres.tracking.transfer import import_file
+from attnres.tracking.run_store import RunStore
 from attnres.variants import traits
 from attnres.variants.registry import VARIANTS
 from reports.build import write_report
@@ -49,12 +48,12 @@ def bench_report(runs: int = 200, steps: int = 6000) -> dict[str, float]:
         t0 = time.perf_counter()
         rows = synthetic_db(url, runs, steps)
         t_fill = time.perf_counter() - t0
-        engine = get_engine(url)
+        store = RunStore(url)
         t0 = time.perf_counter()
-        write_report(engine, Path(tmp) / "report.md", plots=False)
+        write_report(store, Path(tmp) / "report.md", plots=False)
         t_report = time.perf_counter() - t0
         t0 = time.perf_counter()
-        write_report(engine, Path(tmp) / "report.md", plots=True)
+        write_report(store, Path(tmp) / "report.md", plots=True)
         t_plots = time.perf_counter() - t0
     return {"runs": runs, "steps": steps, "metric_rows": rows, "fill_rows_per_s": rows / t_fill,
             "report_s": t_report, "report_with_plots_s": t_plots}
@@ -107,10 +106,10 @@ def _report(folder: Path, files: list[pd.DataFrame], processes: bool = False) ->
         subprocess.run([*cli, "report", "--out", str(folder / "r.md"), "--no-plots", "--db", str(db)], check=True,
                        capture_output=True)
         return (folder / "r.md").read_text()
-    engine = get_engine(str(db))
+    store = RunStore(str(db))
     for path in paths:
-        import_file(engine, path)
-    return write_report(engine, folder / "r.md", plots=False)
+        store.import_file(path)
+    return write_report(store, folder / "r.md", plots=False)
 
 
 def _arms() -> tuple[str, list[str]]:
@@ -141,7 +140,7 @@ def family_wise(draws: int = 200, variants: int = 9, seeds: int = 3, sigma: floa
         frame = pd.DataFrame([r for v, x in values.items() for r in _rows(v, list(range(1, seeds + 1)), list(x))])
         with tempfile.TemporaryDirectory() as tmp:
             text = _report(Path(tmp), [frame], processes)
-            forget_engines()
+            RunStore.forget_all()
         hits += any(" — resolved (" in v for v in verdicts(text).values())
         any_hits += any(r["Evidence"].startswith("resolved") for r in evidence_rows(text))
         naive += any(stats.ttest_ind(values[v], values[base], equal_var=False).pvalue < 0.05 for v in names)
@@ -171,7 +170,7 @@ def sequential(draws: int = 200, looks: int = 8, sigma: float = 0.01, seed: int 
                 if any(" — resolved (" in v for v in verdicts(text).values()):
                     hits += 1
                     break
-            forget_engines()
+            RunStore.forget_all()
         if progress:
             progress(f"sequential: draw {d + 1}/{draws}")
     return {"draws": draws, "looks": looks, **_rate("ever_resolved", hits, draws),

@@ -15,7 +15,6 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
-from sqlalchemy import URL, Engine
 
 from attnres import outputs
 from attnres.config import ModelConfig, RunConfig
@@ -23,8 +22,8 @@ from attnres.errors import AttnresError
 from attnres.runs import grid
 from attnres.runs.grid import arm_label, parse_arm
 from attnres.runs.planning import git_commit, reproduce
-from attnres.tracking import depth_maps, launches, speed
-from attnres.tracking.reads import Results, load_results, run_table
+from attnres.tracking.reads import Results
+from attnres.tracking.run_store import RunStore
 from attnres.tracking.states import EARLY
 from attnres.variants import traits
 from attnres.variants.describe import model_params
@@ -50,13 +49,7 @@ def _save(fig: Figure, path: Path) -> None:
         plt.close(fig)
 
 
-def public_url(engine: Engine) -> str:
-    """The database URL without user name or password (it goes into a shared document)."""
-    u = engine.url
-    return URL.create(u.drivername, host=u.host, port=u.port, database=u.database, query=u.query).render_as_string()
-
-
-def provenance(engine: Engine, runs: pd.DataFrame, today: dt.date | None = None) -> dict[str, str]:
+def provenance(store: RunStore, runs: pd.DataFrame, today: dt.date | None = None) -> dict[str, str]:
     """Where the document's numbers come from: date, code, devices, database."""
     commits = sorted({str(c)[:10] for c in runs["git_commit"].dropna()})
     devices = runs["device"].fillna("not recorded").value_counts()
@@ -65,15 +58,15 @@ def provenance(engine: Engine, runs: pd.DataFrame, today: dt.date | None = None)
         "attnres commit": (git_commit() or "unknown")[:10],
         "trained at commits": ", ".join(commits) if commits else "not recorded",
         "devices": ", ".join(f"{name} ({n} run{'s' * (n > 1)})" for name, n in devices.items()),
-        "database": public_url(engine),
+        "database": store.public_url,
     }
 
 
-def _scoped(engine: Engine, experiment: str | None, preset: str | None, budget: int | None,
+def _scoped(store: RunStore, experiment: str | None, preset: str | None, budget: int | None,
             baseline: str | None = None, data: str | None = None, pick: dict[str, str] | None = None,
             tuned: str | None = None) -> tuple[pd.DataFrame, Scope, list[Scope]]:
     try:
-        return select(run_table(engine), experiment, preset, budget, baseline, data, pick, tuned)
+        return select(store.run_table(), experiment, preset, budget, baseline, data, pick, tuned)
     except ReportError as exc:
         raise AttnresError(str(exc)) from None
 
@@ -92,12 +85,9 @@ def _tuned(res: Results, key: str | None) -> pd.DataFrame | None:
     return table
 
 
-def db_args(engine: Engine) -> list[str]:
-    """``["--db", URL]`` for the commands a plan prints, unless ``engine`` is the default database."""
-    from attnres.tracking.db import normalize_url
-
-    same = engine.url.render_as_string(hide_password=False) == normalize_url(None)
-    return [] if same else ["--db", public_url(engine)]
+def db_args(store: RunStore) -> list[str]:
+    """``["--db", URL]`` for the commands a plan prints, unless ``store`` is the default database."""
+    return [] if store.is_default else ["--db", store.public_url]
 
 
 def _model(variant: str, config_json: object, preset: str) -> ModelConfig | None:
@@ -122,10 +112,10 @@ def variant_params(runs: pd.DataFrame, preset: str) -> dict[str, dict[str, int]]
     return out
 
 
-def benches_for(engine: Engine, runs: pd.DataFrame, preset: str) -> pd.DataFrame:
+def benches_for(store: RunStore, runs: pd.DataFrame, preset: str) -> pd.DataFrame:
     """The stored bench rows that measured these runs' models: the scope's preset, each variant at exactly
     the model config its runs trained (where they recorded one), at their dtype."""
-    rows = speed.benchmarks(engine, preset)
+    rows = store.benchmarks(preset)
     if rows.empty:
         return rows
     models, dtypes = {}, set()
@@ -153,13 +143,13 @@ def bench_args(runs: pd.DataFrame, scope: Scope, baseline: str) -> list[str]:
     return [item for item in items if item.split("=", 1)[0] in model | {"batch_size", "dtype"}]
 
 
-def launch_plans(engine: Engine) -> dict[int, dict]:
+def launch_plans(store: RunStore) -> dict[int, dict]:
     """Launch id -> what ``attnres next`` pre-registered for it (its planned comparisons and seeds)."""
-    frame = launches.frame(engine)
+    frame = store.launches_frame()
     return {int(i): p for i, p in zip(frame["id"], frame["plan"], strict=True) if p}
 
 
-def write_report(engine: Engine, out: Path, baseline: str = "standard", step: int | None = None,
+def write_report(store: RunStore, out: Path, baseline: str = "standard", step: int | None = None,
                  plots: bool = True, experiment: str | None = None, preset: str | None = None,
                  budget: int | None = None, data: str | None = None, pick: dict[str, str] | None = None,
                  tuned: str | None = None, max_seeds: int = MAX_SEEDS, figures: Path | None = None) -> str:
@@ -173,23 +163,23 @@ def write_report(engine: Engine, out: Path, baseline: str = "standard", step: in
     folder = figures or figures_folder(out)
     if plots:
         outputs.check(folder, folder=True)
-    runs, scope, others = _scoped(engine, experiment, preset, budget, baseline, data, pick, tuned)
+    runs, scope, others = _scoped(store, experiment, preset, budget, baseline, data, pick, tuned)
     notes = []
     if tuned is not None and baseline not in set(runs["variant"]) and runs["variant"].nunique() == 1:
         runs, baseline, note = _sweep_arms(runs, scope, tuned)
         scope, tuned = replace(scope, tuned=None), None
         notes.append(note)
     _one_variant(runs, scope, others, baseline)
-    res = load_results(engine, step=step, runs=runs)
+    res = store.load_results(step=step, runs=runs)
     table = _tuned(res, tuned)
     if len(res.superseded):
         old = ", ".join(f"{r.variant} s{r.seed} (run {r.id})" for r in res.superseded.itertuples())
         notes.append(f"Not compared: {old}, trained by an earlier revision of the variant "
                      "(`attnres variants` lists what changed); launch them again to include them.")
     inp = Inputs(res.runs, res.evals, scope, {v.name: v.description for v in VARIANTS.values()}, traits.deep_variants(),
-                 baseline, step, res.maps, provenance(engine, res.runs), notes=notes, others=others,
-                 tuning=tuning_markdown(table, tuned) if table is not None else "", plans=launch_plans(engine),
-                 max_seeds=max_seeds, db=db_args(engine), benches=benches_for(engine, res.runs, scope.preset),
+                 baseline, step, res.maps, provenance(store, res.runs), notes=notes, others=others,
+                 tuning=tuning_markdown(table, tuned) if table is not None else "", plans=launch_plans(store),
+                 max_seeds=max_seeds, db=db_args(store), benches=benches_for(store, res.runs, scope.preset),
                  params=variant_params(res.runs, scope.preset), bench_args=bench_args(res.runs, scope, baseline))
     try:
         before, after, analysis = report_parts(inp)  # first the text: bad data fails here, before any file is written
@@ -237,18 +227,18 @@ def _one_variant(runs: pd.DataFrame, scope: Scope, others: list[Scope], baseline
                        f"compare its settings with `attnres compare {arms}`, or pass --baseline {variant}")
 
 
-def next_plan(engine: Engine, baseline: str = "standard", experiment: str | None = None, preset: str | None = None,
+def next_plan(store: RunStore, baseline: str = "standard", experiment: str | None = None, preset: str | None = None,
               budget: int | None = None, data: str | None = None, pick: dict[str, str] | None = None,
               max_seeds: int = MAX_SEEDS, kinds: tuple[str, ...] = KINDS) -> Plan:
     """The What's Next plan of one scope (as its document gives it, for the parts ``kinds``): what ``attnres
     next`` prints and launches."""
-    runs, scope, _ = _scoped(engine, experiment, preset, budget, baseline, data, pick)
-    res = load_results(engine, runs=runs)
+    runs, scope, _ = _scoped(store, experiment, preset, budget, baseline, data, pick)
+    res = store.load_results(runs=runs)
     if baseline not in set(res.runs["variant"]):
         raise AttnresError(f"no runs of the baseline '{baseline}' in {scope.label()}; run it or pass --baseline")
     try:
-        return analyse(res.runs, res.evals, scope, baseline, traits.deep_variants(), None, launch_plans(engine),
-                       max_seeds, db_args(engine), kinds).plan
+        return analyse(res.runs, res.evals, scope, baseline, traits.deep_variants(), None, launch_plans(store),
+                       max_seeds, db_args(store), kinds).plan
     except ReportError as exc:
         raise AttnresError(f"cannot plan: {exc}") from None
 
@@ -303,7 +293,7 @@ class Comparison:
         return text + ("\n" + tuning_markdown(self.tuning, str(self.scope.tuned)) if self.tuning is not None else "")
 
 
-def compare(engine: Engine, variants: list[str], step: int | None = None, plot: Path | None = None,
+def compare(store: RunStore, variants: list[str], step: int | None = None, plot: Path | None = None,
             experiment: str | None = None, preset: str | None = None, budget: int | None = None,
             data: str | None = None, pick: dict[str, str] | None = None, tuned: str | None = None) -> Comparison:
     """Compare arms side by side within one scope; optionally save their Δ curves to ``plot``.
@@ -324,7 +314,7 @@ def compare(engine: Engine, variants: list[str], step: int | None = None, plot: 
     names = list(dict.fromkeys(v for v, _ in arms))
     if plot is not None:
         outputs.check(plot, option="--plot", example="delta.png")
-    all_runs = run_table(engine)
+    all_runs = store.run_table()
     mine = all_runs[all_runs["variant"].isin(names)]
     if mine.empty:
         raise AttnresError(f"no runs of {', '.join(names)}")
@@ -338,7 +328,7 @@ def compare(engine: Engine, variants: list[str], step: int | None = None, plot: 
             runs = runs.assign(arm=runs["variant"])
             also = [s for s in scopes_of(holding(mine, names)) if s != replace(scope, tuned=None)]
         arm_of = dict(zip(runs["id"], runs["arm"], strict=True))
-        res = load_results(engine, names, step=step, runs=runs.drop(columns="arm"))
+        res = store.load_results(names, step=step, runs=runs.drop(columns="arm"))
         table = _tuned(res, tuned)
         res.runs = res.runs.assign(variant=res.runs["id"].map(arm_of))
         res.runs = res.runs.sort_values("id").drop_duplicates(["variant", "seed"], keep="last")  # a rerun replaces
@@ -364,15 +354,15 @@ def compare(engine: Engine, variants: list[str], step: int | None = None, plot: 
     return result
 
 
-def inspect(engine: Engine, run_id: int, out: Path, step: int | None = None) -> tuple[int, str]:
+def inspect(store: RunStore, run_id: int, out: Path, step: int | None = None) -> tuple[int, str]:
     """Draw one run's depth-attention map (at ``step``, default its last) to ``out``; returns (step, summary)."""
     from reports.depth_maps import matrix, summary
 
     outputs.check(out, example="depth_map.png")
-    runs = run_table(engine)
+    runs = store.run_table()
     if run_id not in set(runs["id"]):
         raise AttnresError(f"no run with id {run_id}")
-    have = depth_maps.steps(engine, run_id)
+    have = store.depth_steps(run_id)
     run = runs[runs["id"] == run_id].iloc[0]
     if not have:
         why = "standard residuals have no depth attention" if run["variant"] == "standard" else \
@@ -381,7 +371,7 @@ def inspect(engine: Engine, run_id: int, out: Path, step: int | None = None) -> 
     if step is not None and step not in have:
         raise AttnresError(f"run {run_id} has no depth map at step {step}; it has steps {', '.join(map(str, have))}")
     at = have[-1] if step is None else step
-    weights = depth_maps.maps(engine, [run_id], at)
+    weights = store.depth_maps([run_id], at)
     ended = f", {run['status']}" if run["status"] in EARLY else ""
     _save(depth_heatmaps({f"run {run_id}: {run['variant']} s{run['seed']}, step {at:,}{ended}": weights}), out)
     return at, summary(matrix(weights))

@@ -94,18 +94,71 @@ def test_only_reports_build_and_bench_touch_the_database_or_the_disk_in_reports(
                                      "attnres.tracking.store")) for i in imported), name
 
 
+OUTSIDE_TRACKING = (LIBRARY, ROOT / "reports", ROOT / "cli")
+
+
+def outside_tracking() -> dict[str, ast.Module]:
+    """Every module of the library, the report package and the CLI, except attnres/tracking/."""
+    return {name: tree for package in OUTSIDE_TRACKING for name, tree in modules(package).items()
+            if not name.startswith("attnres.tracking")}
+
+
 def test_database_access_lives_in_tracking():
-    """SQLAlchemy (and sqlite3) are imported by attnres/tracking/ only."""
+    """SQLAlchemy (and sqlite3, the drivers, Alembic) are imported by attnres/tracking/ only: not even the Engine
+    type or an error class (a store raises :data:`attnres.tracking.run_store.DatabaseError`)."""
     offenders = {}
-    for name, tree in modules(LIBRARY).items():
-        if name.startswith("attnres.tracking"):
-            continue
-        # the Engine type and the error classes may be named (to pass an engine on, or to catch)
+    for name, tree in outside_tracking().items():
         hits = sorted(i for i in imports_of(name, tree, with_base=False)
                       if i.split(".")[0] in {"sqlalchemy", "sqlite3", "psycopg", "alembic"}
-                      and i != "sqlalchemy.Engine" and not i.startswith("sqlalchemy.exc."))
+                      or i.startswith(("attnres.tracking.schema", "attnres.tracking.db.get_engine")))
         if hits:
             offenders[name] = hits
+    assert not offenders, offenders
+
+
+def _engine_functions() -> set[tuple[str, str]]:
+    """(module, name) of every function or class of attnres/tracking/ that takes an engine or a connection."""
+    found = set()
+    for name, tree in modules(LIBRARY / "tracking").items():
+        for node in tree.body:
+            fn = node
+            if isinstance(node, ast.ClassDef):
+                fn = next((b for b in node.body if isinstance(b, ast.FunctionDef) and b.name == "__init__"), None)
+            if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                args = [a.arg for a in fn.args.args if a.arg != "self"]
+                if args and args[0] in {"engine", "conn"}:
+                    found.add((name, node.name))
+    return found
+
+
+def test_nothing_outside_tracking_takes_an_engine_or_calls_what_does():
+    """Outside attnres/tracking/ the database is a :class:`attnres.tracking.run_store.RunStore`: no function takes
+    an engine, and no function of tracking/ that takes one is imported or called (the store's methods are)."""
+    engine_fns = _engine_functions()
+    assert ("attnres.tracking.store", "get_run") in engine_fns  # (the check sees them)
+    offenders: dict[str, list[str]] = {}
+    for name, tree in outside_tracking().items():
+        aliases = {}  # local name -> tracking module, for `from attnres.tracking import store`
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and ast.unparse(node.test) == "TYPE_CHECKING" for n in ast.walk(node)}  # (annotations)
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.ImportFrom) and node.module == "attnres.tracking":
+                aliases |= {a.asname or a.name: f"attnres.tracking.{a.name}" for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("attnres.tracking."):
+                offenders.setdefault(name, []).extend(f"imports {node.module}.{a.name}" for a in node.names
+                                                      if (node.module, a.name) in engine_fns)
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                for a in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]:
+                    annotation = ast.unparse(a.annotation) if a.annotation else ""
+                    if a.arg == "engine" or "Engine" in annotation:
+                        offenders.setdefault(name, []).append(f"{node.name}() takes {a.arg}: {annotation}")
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and (aliases.get(node.value.id), node.attr) in engine_fns):
+                offenders.setdefault(name, []).append(f"uses {aliases[node.value.id]}.{node.attr}")
+    offenders = {k: v for k, v in offenders.items() if v}
     assert not offenders, offenders
 
 

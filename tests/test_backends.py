@@ -18,8 +18,9 @@ from attnres.runs import backends, orchestrator, planning
 from attnres.runs.backends import ALIVE, GONE, Backend, Placement, Submitted
 from attnres.runs.backends import HEARTBEAT_SILENCE_S as STALE_AFTER_S
 from attnres.runs.backends.local import LocalBackend
-from attnres.tracking import states, store
-from attnres.tracking.db import get_engine
+from attnres.tracking import states
+from attnres.tracking.records import RunRecord
+from attnres.tracking.run_store import RunStore
 
 
 class InlineBackend(Backend):
@@ -28,12 +29,12 @@ class InlineBackend(Backend):
     name = "inline"
     killed: ClassVar[list[int]] = []
 
-    def submit(self, engine, db_url: str, run_ids: Sequence[int], placement: Placement, *, detach: bool = False,
+    def submit(self, store: RunStore, run_ids: Sequence[int], placement: Placement, *, detach: bool = False,
                on_tick: Callable[[], None] | None = None) -> Submitted:
         for rid in run_ids:
-            subprocess.run([sys.executable, "-m", "attnres.train", "--run-id", str(rid), "--db", db_url], check=False,
-                           capture_output=True)
-        return Submitted([f"ran {len(run_ids)} run(s) inline"], {r: store.status_of(engine, r) for r in run_ids})
+            subprocess.run([sys.executable, "-m", "attnres.train", "--run-id", str(rid), "--db", store.url],
+                           check=False, capture_output=True)
+        return Submitted([f"ran {len(run_ids)} run(s) inline"], {r: store.status_of(r) for r in run_ids})
 
     def poll(self, runs):
         return {r.id: (GONE, "inline runs never outlive submit") for r in runs}
@@ -45,32 +46,32 @@ class InlineBackend(Backend):
 @pytest.mark.integration
 def test_a_backend_is_one_module_and_one_registry_line(workdir, monkeypatch):
     monkeypatch.setitem(backends.REGISTRY, "inline", f"{__name__}:InlineBackend")
-    engine = get_engine(str(workdir / "runs.db"))
+    store = RunStore(str(workdir / "runs.db"))
     req = planning.request(["standard"], [1, 2], steps=2, backend="inline",
                            overrides=["batch_size=2", "eval_batches=1", "n_layer=1", "d_model=32", "n_head=2",
                                       "seq_len=32"])
-    ids, done = orchestrator.launch(engine, str(engine.url), req, planning.plan(engine, req))
+    ids, done = orchestrator.launch(store, req, planning.plan(store, req))
     assert done.results == {ids[0]: states.FINISHED, ids[1]: states.FINISHED}
-    assert all(store.get_run(engine, i).backend == "inline" for i in ids)
+    assert all(store.run(i).backend == "inline" for i in ids)
     # kill and reconcile find the backend through the run's row
     def queue(seed: int) -> list[int]:
         one = planning.request(["control_block"], [seed], steps=2, backend="inline")
-        return orchestrator.enqueue(engine, planning.plan(engine, one), one)
+        return orchestrator.enqueue(store, planning.plan(store, one), one)
 
     again = queue(3)
-    assert orchestrator.kill(engine, again) == again and InlineBackend.killed == again
+    assert orchestrator.kill(store, again) == again and InlineBackend.killed == again
     late = queue(4)
-    states.transition(engine, late[0], states.RUNNING, states.TRAINER)
-    assert orchestrator.reconcile(engine) == late
-    r = store.get_run(engine, late[0])
+    store.move(late[0], states.RUNNING, states.TRAINER)
+    assert orchestrator.reconcile(store) == late
+    r = store.run(late[0])
     assert (r.status, r.message) == (states.FAILED, "inline runs never outlive submit")
     # resume, dry runs and logs go through the run's backend too (its protocol's defaults here)
-    done = orchestrator.resume(engine, str(engine.url), late)
+    done = orchestrator.resume(store, late)
     assert done.results == {late[0]: states.FINISHED}
     assert backends.get("inline").describe(7, "sqlite:///x.db", Placement(nproc=2))[0].endswith(
         "--nproc_per_node=2 -m attnres.train -- --run-id 7 --db sqlite:///x.db")
     with pytest.raises(AttnresError, match=f"run {late[0]}'s log .* is gone"):  # (inline writes no log file)
-        list(backends.get("inline").logs(engine, store.get_run(engine, late[0])))
+        list(backends.get("inline").logs(store, store.run(late[0])))
 
 
 def test_a_dry_run_shows_what_its_backend_would_run(workdir, capsys, monkeypatch):
@@ -86,26 +87,27 @@ def test_an_unknown_backend_is_one_clear_line():
         backends.get("k8s")
 
 
-def running_row(engine, host: str, pid: int | None, beat_age_s: float, seed: int, started_s_ago: float = 0) -> object:
-    rid = store.create_run(engine, planning.plan(None, planning.request(["standard"], [seed]))[0].cfg)
-    states.transition(engine, rid, states.RUNNING, states.TRAINER, host=host, pid=pid,
-                      started_at=store.now() - timedelta(seconds=started_s_ago),
-                      heartbeat_at=store.now() - timedelta(seconds=beat_age_s))
-    return store.get_run(engine, rid)
+def running_row(store: RunStore, host: str, pid: int | None, beat_age_s: float, seed: int,
+                started_s_ago: float = 0) -> RunRecord:
+    rid = store.create_run(planning.plan(None, planning.request(["standard"], [seed]))[0].cfg)
+    store.move(rid, states.RUNNING, states.TRAINER, host=host, pid=pid,
+               started_at=states.now() - timedelta(seconds=started_s_ago),
+               heartbeat_at=states.now() - timedelta(seconds=beat_age_s))
+    return store.run(rid)
 
 
 def test_local_poll_decides_by_process_on_this_host_and_by_heartbeat_elsewhere(tmp_path):
     import socket
 
-    engine = get_engine(str(tmp_path / "runs.db"))
+    store = RunStore(str(tmp_path / "runs.db"))
     here = socket.gethostname()
     cases = {
-        "alive here, silent": (running_row(engine, here, os.getpid(), STALE_AFTER_S * 10, 1), ALIVE),
-        "gone here, fresh": (running_row(engine, here, 2**31 - 1, 0, 2), GONE),  # no such pid, ever
+        "alive here, silent": (running_row(store, here, os.getpid(), STALE_AFTER_S * 10, 1), ALIVE),
+        "gone here, fresh": (running_row(store, here, 2**31 - 1, 0, 2), GONE),  # no such pid, ever
         # a run from a day ago whose pid now belongs to a process that began since (this one): reused
-        "reused pid here": (running_row(engine, here, os.getpid(), 0, 5, started_s_ago=86400), GONE),
-        "elsewhere, silent": (running_row(engine, "another-host", 12345, STALE_AFTER_S * 2, 3), GONE),
-        "elsewhere, fresh": (running_row(engine, "another-host", 12345, 1, 4), ALIVE),
+        "reused pid here": (running_row(store, here, os.getpid(), 0, 5, started_s_ago=86400), GONE),
+        "elsewhere, silent": (running_row(store, "another-host", 12345, STALE_AFTER_S * 2, 3), GONE),
+        "elsewhere, fresh": (running_row(store, "another-host", 12345, 1, 4), ALIVE),
     }
     got = LocalBackend().poll([run for run, _ in cases.values()])
     assert {name: got[run.id][0] for name, (run, _) in cases.items()} == {n: v for n, (_, v) in cases.items()}
@@ -120,15 +122,15 @@ def test_a_resumed_run_takes_its_last_attempts_spool_along_and_the_old_queue_lea
 
     from attnres.runs.backends.local import settle
 
-    engine = get_engine(str(tmp_path / "runs.db"))
-    killed = running_row(engine, socket.gethostname(), 2**31 - 1, 0, 6)
-    store.update_run(engine, killed.id, agent_pid=2**31 - 2, log_path=str(tmp_path / "run.log"))
+    store = RunStore(str(tmp_path / "runs.db"))
+    killed = running_row(store, socket.gethostname(), 2**31 - 1, 0, 6)
+    store.update_run(killed.id, agent_pid=2**31 - 2, log_path=str(tmp_path / "run.log"))
     path = tmp_path / "run.spool.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in [
         {"run": killed.id, "fields": {"status": states.RUNNING, "pid": 2**31 - 1}},
         *({"r": killed.id, "s": s, "m": {"train_loss": 1.0 / s}} for s in (1, 2, 3)),
         {"run": killed.id, "fields": {"step": 3}}]))
-    assert states.transition(engine, killed.id, states.KILLED, states.USER)
+    assert store.move(killed.id, states.KILLED, states.USER)
     import torch
 
     from attnres import paths
@@ -137,30 +139,29 @@ def test_a_resumed_run_takes_its_last_attempts_spool_along_and_the_old_queue_lea
     monkeypatch.setenv("ATTNRES_CHECKPOINTS", str(tmp_path / "checkpoints"))
     model = torch.nn.Linear(2, 2)
     checkpoint.save(paths.checkpoints_dir(killed.id), model, torch.optim.SGD(model.parameters(), lr=0.1), 3)
-    assert orchestrator.reopen(engine, [killed.id]) == [
+    assert orchestrator.reopen(store, [killed.id]) == [
         f"run {killed.id} (standard, seed {killed.seed}): from step 3 of {killed.total_steps} (its last checkpoint)"]
-    r = store.get_run(engine, killed.id)
+    r = store.run(killed.id)
     assert (r.status, r.agent_pid, r.step) == (states.QUEUED, None, 3) and path.stat().st_size == 0
-    assert sorted(store.metrics_frame(engine, ["train_loss"], [killed.id])["step"]) == [1, 2, 3]
-    assert settle(engine, killed.id, -9, tmp_path / "run.log", pid=2**31 - 2) == states.QUEUED  # the old queue
-    assert store.get_run(engine, killed.id).message is None
+    assert sorted(store.metrics_frame(["train_loss"], [killed.id])["step"]) == [1, 2, 3]
+    assert settle(store, killed.id, -9, tmp_path / "run.log", pid=2**31 - 2) == states.QUEUED  # the old queue
+    assert store.run(killed.id).message is None
 
 
 def test_the_monitor_judges_a_run_only_while_nobody_else_changes_it(tmp_path):
     import socket
 
-    from attnres.tracking import spool
 
-    engine = get_engine(str(tmp_path / "runs.db"))
-    rid = running_row(engine, socket.gethostname(), 2**31 - 1, 0, 7).id  # its process is gone
-    store.update_run(engine, rid, log_path=str(tmp_path / "run.log"))
-    seen = store.get_run(engine, rid)
-    with spool.held(store.spool_path(seen)):  # a relaunch or the run's queue is at it
-        assert LocalBackend().reconcile(engine, [seen]) == []
-    store.update_run(engine, seen.id, pid=os.getpid())  # a new attempt started since the look
-    assert LocalBackend().reconcile(engine, [seen]) == [] and store.status_of(engine, seen.id) == states.RUNNING
-    store.update_run(engine, seen.id, pid=seen.pid)
-    assert LocalBackend().reconcile(engine, [seen]) == [seen.id] and store.status_of(engine, seen.id) == states.FAILED
+    store = RunStore(str(tmp_path / "runs.db"))
+    rid = running_row(store, socket.gethostname(), 2**31 - 1, 0, 7).id  # its process is gone
+    store.update_run(rid, log_path=str(tmp_path / "run.log"))
+    seen = store.run(rid)
+    with store.hold(seen):  # a relaunch or the run's queue is at it
+        assert LocalBackend().reconcile(store, [seen]) == []
+    store.update_run(seen.id, pid=os.getpid())  # a new attempt started since the look
+    assert LocalBackend().reconcile(store, [seen]) == [] and store.status_of(seen.id) == states.RUNNING
+    store.update_run(seen.id, pid=seen.pid)
+    assert LocalBackend().reconcile(store, [seen]) == [seen.id] and store.status_of(seen.id) == states.FAILED
 
 
 def test_a_file_system_without_flock_leaves_the_spool_unserialised_not_stuck(tmp_path, monkeypatch):
@@ -194,7 +195,7 @@ class HeldBackend(Backend):
     Options = HeldOptions
     placed: ClassVar[list[tuple[list[int], Placement]]] = []
 
-    def submit(self, engine, db_url: str, run_ids: Sequence[int], placement: Placement, *, detach: bool = False,
+    def submit(self, store: RunStore, run_ids: Sequence[int], placement: Placement, *, detach: bool = False,
                on_tick: Callable[[], None] | None = None) -> Submitted:
         HeldBackend.placed.append((list(run_ids), placement))
         return Submitted([f"held {len(run_ids)} run(s)"])
@@ -210,15 +211,15 @@ def test_a_resumed_run_is_placed_as_its_launch_placed_it(tmp_path, monkeypatch):
     monkeypatch.setitem(backends.REGISTRY, "held", f"{__name__}:HeldBackend")
     monkeypatch.setenv("ATTNRES_CHECKPOINTS", str(tmp_path / "checkpoints"))
     monkeypatch.setenv("ATTNRES_LOGS", str(tmp_path / "logs"))
-    engine = get_engine(str(tmp_path / "runs.db"))
+    store = RunStore(str(tmp_path / "runs.db"))
     where = backends.get("held").placement(2, {"nodes": "3", "partition": "gpu"})
     assert where == Placement(2, HeldOptions(nodes=3, partition="gpu"))
     req = planning.request(["standard"], [1, 2], steps=5, backend="held", placement=where)
-    ids = orchestrator.enqueue(engine, planning.plan(engine, req), req)
-    assert all(backends.get("held").placement_of(store.get_run(engine, rid)) == where for rid in ids)
+    ids = orchestrator.enqueue(store, planning.plan(store, req), req)
+    assert all(backends.get("held").placement_of(store.run(rid)) == where for rid in ids)
     for rid in ids:
-        states.transition(engine, rid, states.FAILED, states.SUPERVISOR)
-    store.update_run(engine, ids[1], placement_json=None)  # (recorded before placements were: its rank count)
+        store.move(rid, states.FAILED, states.SUPERVISOR)
+    store.update_run(ids[1], placement_json=None)  # (recorded before placements were: its rank count)
     HeldBackend.placed.clear()
-    orchestrator.resume(engine, str(engine.url), ids)
+    orchestrator.resume(store, ids)
     assert HeldBackend.placed == [([ids[0]], where), ([ids[1]], Placement(2, HeldOptions()))]

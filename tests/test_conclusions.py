@@ -18,9 +18,8 @@ from seed_scenario import rows as seed_rows
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 
-from attnres.tracking import launches, states, store
-from attnres.tracking.db import get_engine
-from attnres.tracking.transfer import import_file
+from attnres.tracking import launches, states
+from attnres.tracking.run_store import RunStore
 from attnres.variants import traits
 from attnres.variants.registry import VARIANTS, resolve_run
 from reports import comparisons, evidence
@@ -152,17 +151,17 @@ def test_a_run_resumed_after_it_ended_joins_a_new_stage(workdir):
     """Its seed arrives after its stage was complete (and maybe tested without it): one more look."""
     from attnres.runs import orchestrator
 
-    engine = get_engine(str(workdir / "runs.db"))
-    first = launches.create(engine, launches.LAUNCH)
+    store = RunStore(str(workdir / "runs.db"))
+    first = store.new_launch(launches.LAUNCH)
     cfg = resolve_run("standard", "tiny", 1, _settings(), "builtin-bytes")
-    ended = store.create_run(engine, cfg, status=states.FAILED, actor=states.IMPORTER, launch_id=first)
-    cut = store.create_run(engine, resolve_run("standard", "tiny", 2, _settings(), "builtin-bytes"),
+    ended = store.create_run(cfg, status=states.FAILED, actor=states.IMPORTER, launch_id=first)
+    cut = store.create_run(resolve_run("standard", "tiny", 2, _settings(), "builtin-bytes"),
                            status=states.PREEMPTED, actor=states.IMPORTER, launch_id=first)
-    orchestrator.reopen(engine, [ended, cut])
-    frame = launches.frame(engine)
-    assert store.get_run(engine, ended).launch_id == frame["id"].max() > first
+    orchestrator.reopen(store, [ended, cut])
+    frame = store.launches_frame()
+    assert store.run(ended).launch_id == frame["id"].max() > first
     assert list(frame["origin"]) == ["launch", "resume"]
-    assert store.get_run(engine, cut).launch_id == first  # a preempted run's stage waited for it
+    assert store.run(cut).launch_id == first  # a preempted run's stage waited for it
 
 
 @pytest.mark.integration
@@ -179,16 +178,16 @@ def test_sequential_looks_through_import_and_report(workdir):
                               "preset": "tiny", "total_steps": 100, "launch": stage}
                              for v, x in (("standard", base), ("control_block", var)) for s in seeds])
 
-    at_once = get_engine(str(workdir / "once.db"))
+    at_once = RunStore(str(workdir / "once.db"))
     rows([1, 2, 3, 4, 5], "a").to_csv(workdir / "once.csv", index=False)
-    import_file(at_once, workdir / "once.csv")
+    at_once.import_file(workdir / "once.csv")
     row = evidence_rows(write_report(at_once, workdir / "once.md", plots=False))[0]
     assert row["Look"] == "1" and row["Holm-adjusted p"] == f"{2 * p:.3g}" and row["Evidence"].startswith("resolved")
 
-    staged = get_engine(str(workdir / "staged.db"))
+    staged = RunStore(str(workdir / "staged.db"))
     # three launches, three looks, in one file: stages follow their launch values (9 before 10)
     pd.concat([rows([1, 2, 3], "2"), rows([4], "9"), rows([5], "10")]).to_csv(workdir / "staged.csv", index=False)
-    import_file(staged, workdir / "staged.csv")
+    staged.import_file(workdir / "staged.csv")
     text = write_report(staged, workdir / "staged.md", plots=False)
     row = evidence_rows(text)[0]
     assert row["p"] == f"{p:.3g}" and row["Look"] == "3" and row["Holm-adjusted p"] == f"{8 * p:.3g}"
@@ -198,7 +197,7 @@ def test_sequential_looks_through_import_and_report(workdir):
     # an export keeps the stages: imported elsewhere, the report counts the same looks
     attnres("export", "--db", str(workdir / "staged.db"), "--out", "exp", check=True)
     attnres("import", str(workdir / "exp" / "metrics.csv"), "--db", str(workdir / "again.db"), check=True)
-    again = write_report(get_engine(str(workdir / "again.db")), workdir / "again.md", plots=False)
+    again = write_report(RunStore(str(workdir / "again.db")), workdir / "again.md", plots=False)
     assert evidence_rows(again)[0]["Look"] == "3"
 
 
@@ -235,7 +234,7 @@ def test_interpretation_findings_come_from_traits_with_their_numbers_and_evidenc
     frame, finals = interpretation_scenario()
     frame.to_csv(workdir / "s.csv", index=False)
     attnres("import", "s.csv", check=True)
-    text = write_report(get_engine(str(workdir / "runs.db")), workdir / "r.md", plots=False)
+    text = write_report(RunStore(str(workdir / "runs.db")), workdir / "r.md", plots=False)
     said = sentences(text)
 
     def about(a: str, b: str) -> tuple[str, str]:
@@ -281,7 +280,7 @@ def test_interpretation_and_whats_next_quote_the_tables(workdir):
     appears in the document's tables (a retry's proposed learning rates are settings, not figures)."""
     seed_rows().to_csv(workdir / "seed.csv", index=False)
     attnres("import", "seed.csv", check=True)
-    text = write_report(get_engine(str(workdir / "runs.db")), workdir / "r.md", plots=False)
+    text = write_report(RunStore(str(workdir / "runs.db")), workdir / "r.md", plots=False)
     generated = text.split("## Interpretation", 1)[1]
     generated = generated.split("## Cost/Benefit Summary")[0] + generated.split("## What's Next")[1]
     tables = "\n".join(ln for ln in text.splitlines() if ln.startswith("|"))
@@ -363,15 +362,15 @@ def test_next_launches_exactly_its_cells_and_the_report_tests_them_as_planned(wo
     """A grid mid-way: two seeds each, unresolved. `attnres next` plans one more seed per arm (power at the
     level of look 2), `--launch` starts exactly those runs as one stage with the plan recorded, and the next
     report tests the comparison as planned: look 2, planned 3 vs 3, tested at 3 vs 3."""
-    engine = get_engine(str(workdir / "runs.db"))
-    first = launches.create(engine, launches.LAUNCH)
+    store = RunStore(str(workdir / "runs.db"))
+    first = store.new_launch(launches.LAUNCH)
     spread, jitter = 0.02 / math.sqrt(2), 0.005  # the same seeds: paired differences -0.095 and -0.105
     for variant, mean, e in (("standard", 3.0, 0.0), ("control_block", 2.9, jitter)):
         for seed, value in ((1, mean - spread + e), (2, mean + spread - e)):
             cfg = resolve_run(variant, "tiny", seed, _settings(), "builtin-bytes")
-            rid = store.create_run(engine, cfg, status=states.FINISHED, actor=states.IMPORTER, launch_id=first)
-            store.update_run(engine, rid, step=20)
-            store.log_metrics(engine, rid, [(s, "eval_loss", value + (20 - s) / 100) for s in (0, 10, 20)])
+            rid = store.create_run(cfg, status=states.FINISHED, actor=states.IMPORTER, launch_id=first)
+            store.update_run(rid, step=20)
+            store.log_metrics(rid, [(s, "eval_loss", value + (20 - s) / 100) for s in (0, 10, 20)])
     shown = attnres("next", "--only", "resolve", check=True).stdout
     # paired seeds to resolve at look 2's level (α/4): statsmodels' paired power, as at the spread's upper bound
     sd = np.std([-0.1 + jitter, -0.1 - jitter], ddof=1)
@@ -390,7 +389,7 @@ def test_next_launches_exactly_its_cells_and_the_report_tests_them_as_planned(wo
     assert sorted((v, s) for v, s, _, _ in new) == [("control_block", 3), ("standard", 3)]  # exactly the cells
     assert {lid for _, _, lid, _ in new} == {first + 1} and {st for *_, st in new} == {"finished"}
     assert plan[0] == "next" and '"n": [3, 3]' in plan[1]
-    text = write_report(engine, workdir / "r.md", plots=False)
+    text = write_report(store, workdir / "r.md", plots=False)
     row = evidence_rows(text)[0]
     values = {v: {s: x for (vv, s), x in _finals(workdir).items() if vv == v} for v in ("control_block", "standard")}
     p = exact_p(values["control_block"], values["standard"])

@@ -218,25 +218,24 @@ import sys, time
 from pathlib import Path
 from attnres.runs import orchestrator
 from attnres.runs import planning
-from attnres.tracking.db import get_engine
+from attnres.tracking.run_store import RunStore
 url, seed, go, ready = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
-engine = get_engine(url)
+store = RunStore(url)
 req = planning.request(["standard", "control_block"], [seed])
-cells = planning.plan(engine, req)  # both planners see no run of this grid ...
+cells = planning.plan(store, req)  # both planners see no run of this grid ...
 ready.touch()
 while not go.exists():  # ... and are released together
     time.sleep(0.001)
-print(orchestrator.enqueue(engine, cells, req))
+print(orchestrator.enqueue(store, cells, req))
 """
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_two_launches_of_one_grid_at_the_same_moment_queue_each_cell_once(workdir, backend, request):
     url = request.getfixturevalue("pg_url") if backend == "postgresql" else str(workdir / "runs.db")
-    from attnres.tracking import store
-    from attnres.tracking.db import get_engine
+    from attnres.tracking.run_store import RunStore
 
-    get_engine(url)  # the schema in place before the planners race
+    store = RunStore(url)  # the schema in place before the planners race
     trials = 8
     for trial in range(trials):
         go, ready = workdir / f"go-{trial}", [workdir / f"ready-{trial}-{i}" for i in range(2)]
@@ -246,7 +245,7 @@ def test_two_launches_of_one_grid_at_the_same_moment_queue_each_cell_once(workdi
         go.touch()
         outs = [p.communicate(timeout=300) for p in procs]
         assert [p.returncode for p in procs] == [0, 0], outs
-    frame = store.runs_frame(get_engine(url))
+    frame = store.runs_frame()
     per_cell = frame.groupby("config_hash").size()
     print(f"FAULT-TABLE two launches at once ({backend}): {trials} trials, {len(frame)} runs for "
           f"{len(per_cell)} cells, duplicates {int((per_cell > 1).sum())}")

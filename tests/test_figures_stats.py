@@ -14,9 +14,8 @@ from helpers import arms_csv, in_process
 from scipy import stats
 
 from attnres.runs import planning
-from attnres.tracking import states, store
-from attnres.tracking.db import get_engine
-from attnres.tracking.reads import load_results, run_table
+from attnres.tracking import states
+from attnres.tracking.run_store import RunStore
 from attnres.variants.registry import VARIANTS, resolve_run
 from reports import document, plots
 from reports.build import compare
@@ -66,9 +65,9 @@ def band_at(fig, step: int) -> tuple[float, float]:
 
 
 def analysed(db: str):
-    engine = get_engine(db, create=False)
-    runs, scope, _ = select(run_table(engine), baseline="standard")
-    res = load_results(engine, runs=runs)
+    store = RunStore(db, create=False)
+    runs, scope, _ = select(store.run_table(), baseline="standard")
+    res = store.load_results(runs=runs)
     inp = Inputs(res.runs, res.evals, scope, {v.name: v.description for v in VARIANTS.values()}, [], "standard")
     _, _, a = document.report_parts(inp)
     return res, a
@@ -121,26 +120,26 @@ def test_the_delta_band_is_the_tables_interval_of_the_difference(workdir, capsys
     assert alone[1] < 0 and tests["control_block"].ci[0] < 0 < tests["control_block"].ci[1]
 
 
-def cell_run(engine, variant: str, seed: int, lr: str, final: float) -> int:
+def cell_run(store, variant: str, seed: int, lr: str, final: float) -> int:
     cfg = resolve_run(variant, "tiny", seed, ["steps=100", f"lr={lr}"])
-    run_id = store.create_run(engine, cfg, status=states.FINISHED, actor=states.IMPORTER)
-    store.update_run(engine, run_id, step=100)
-    store.log_metrics(engine, run_id, [(s, "eval_loss", v) for s, v in curve(final).items()]
+    run_id = store.create_run(cfg, status=states.FINISHED, actor=states.IMPORTER)
+    store.update_run(run_id, step=100)
+    store.log_metrics(run_id, [(s, "eval_loss", v) for s, v in curve(final).items()]
                       + [(100, "tokens_per_s", 1000.0), (100, "peak_memory_bytes", 1e9)])
     return run_id
 
 
 def test_compare_takes_two_settings_of_one_variant_as_arms(workdir, capsys, monkeypatch):
     db = str(workdir / "runs.db")
-    engine = get_engine(db)
+    store = RunStore(db)
     low = {1: 3.00, 2: 3.10, 3: 2.95}
     high = {1: 2.93, 2: 3.05, 3: 2.86}  # the same seeds: paired
     other = {7: 2.90, 8: 3.00}  # lr=1e-2 on other seeds: Welch
     for lr, arm in (("1e-3", low), ("3e-3", high), ("1e-2", other)):
         for seed, final in arm.items():
-            cell_run(engine, "control_block", seed, lr, final)
-    cell_run(engine, "standard", 1, "1e-3", 3.2)
-    result = compare(engine, ["control_block@lr=1e-3", "control_block@lr=3e-3", "control_block@lr=0.01"])
+            cell_run(store, "control_block", seed, lr, final)
+    cell_run(store, "standard", 1, "1e-3", 3.2)
+    result = compare(store, ["control_block@lr=1e-3", "control_block@lr=3e-3", "control_block@lr=0.01"])
     assert result.variants == ["control_block@lr=0.001", "control_block@lr=0.003", "control_block@lr=0.01"]
     s = result.stats.set_index("variant")
     rel = stats.ttest_rel(list(high.values()), list(low.values()))
@@ -161,7 +160,7 @@ def test_compare_takes_two_settings_of_one_variant_as_arms(workdir, capsys, monk
         assert (s.loc[name, "delta_low"], s.loc[name, "delta_high"]) == pytest.approx(ci_by_hand(arm, low, level))
         assert (s.loc[name, "delta_low"] <= 0 <= s.loc[name, "delta_high"]) == (s.loc[name, "evidence"] == "unresolved")
     # two arms: 95%, and compare's figure draws the table's interval at the compared step
-    pair = compare(engine, ["control_block@lr=1e-3", "control_block@lr=3e-3"], plot=workdir / "fig" / "c.png")
+    pair = compare(store, ["control_block@lr=1e-3", "control_block@lr=3e-3"], plot=workdir / "fig" / "c.png")
     got = pair.stats.set_index("variant").loc["control_block@lr=0.003"]
     assert got["level"] == "95%" and (got["delta_low"], got["delta_high"]) == pytest.approx(rel.confidence_interval())
     assert (workdir / "fig" / "c.png").stat().st_size > 10_000
@@ -231,10 +230,10 @@ def test_interval_equals_scipy_and_is_undefined_without_a_spread():
 
 def test_a_report_of_one_swept_variant_points_to_comparing_its_cells(workdir, capsys, monkeypatch):
     db = str(workdir / "one.db")
-    engine = get_engine(db)
+    store = RunStore(db)
     for lr, final in (("1e-3", 3.0), ("3e-3", 2.9)):
         for seed in (1, 2):
-            cell_run(engine, "control_block", seed, lr, final + seed / 100)
+            cell_run(store, "control_block", seed, lr, final + seed / 100)
     code, _, err = in_process(["report", "--out", "r.md", "--db", db], capsys, monkeypatch)
     assert code == 2 and "attnres compare control_block@lr=0.00" in err, err
     arms = err.split("`attnres compare ")[1].split("`")[0].split()

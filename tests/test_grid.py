@@ -12,7 +12,7 @@ from helpers import FAST, attnres, in_process, runs
 from attnres.errors import AttnresError
 from attnres.runs import grid, planning
 from attnres.runs.status import grid_rows
-from attnres.tracking.db import get_engine
+from attnres.tracking.run_store import RunStore
 from reports.tuning import tune
 
 # -- expansion and naming (in process) ---------------------------------------------------------------
@@ -143,7 +143,7 @@ def test_a_grid_is_grouped_by_its_cells_and_each_variant_is_compared_at_its_best
 
     code, shown, _ = in_process(["status"], capsys, monkeypatch)
     assert code == 0 and "settings" in shown and shown.count("lr=0.003") == 4 and shown.count("lr=1e-05") == 4
-    header, rows = grid_rows(get_engine(str(workdir / "runs.db")))  # the live grid: a row per variant x cell
+    header, rows = grid_rows(RunStore(str(workdir / "runs.db")))  # the live grid: a row per variant x cell
     assert header == ["experiment", "variant", "settings", "seed 42", "seed 1337"]
     assert sorted(r[1:3] for r in rows) == [["control_block", "lr=0.003"], ["control_block", "lr=1e-05"],
                                             ["standard", "lr=0.003"], ["standard", "lr=1e-05"]]

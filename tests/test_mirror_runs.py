@@ -113,15 +113,15 @@ def test_a_failing_mirror_is_one_warning_and_sync_sends_what_it_missed_once(work
 
 def test_the_mirrors_of_a_database_and_of_the_environment(workdir, monkeypatch, capsys):
     from attnres.runs import orchestrator, planning
-    from attnres.tracking.db import get_engine
+    from attnres.tracking.run_store import RunStore
 
     code, out, _ = in_process(["mirror", "trackio=lab", "wandb"], capsys, monkeypatch)
     assert code == 0 and "mirrors of this database: trackio=lab wandb" in out
-    engine = get_engine(str(workdir / "runs.db"))
+    store = RunStore(str(workdir / "runs.db"))
 
     def recorded(**asked) -> list[str] | None:
         req = planning.request(["standard"], [len(runs(workdir)) + 1], "tiny", 5, **asked)
-        (run_id,) = orchestrator.enqueue(engine, planning.plan(engine, req), req)
+        (run_id,) = orchestrator.enqueue(store, planning.plan(store, req), req)
         mirrors = next(r for r in runs(workdir) if r["id"] == run_id)["mirrors_json"]
         return json.loads(mirrors) if mirrors else None
 
@@ -144,6 +144,7 @@ def test_a_resumed_attempt_sends_only_new_steps_and_sync_leaves_a_run_being_sent
     from attnres.mirrors.sender import Sender
     from attnres.tracking import mirror_marks, states, store
     from attnres.tracking.db import get_engine
+    from attnres.tracking.run_store import RunStore
     from attnres.tracking.writer import MetricWriter
     from attnres.variants.registry import resolve_run
 
@@ -155,7 +156,7 @@ def test_a_resumed_attempt_sends_only_new_steps_and_sync_leaves_a_run_being_sent
 
     def attempt(steps, resume_at=None, end=states.PREEMPTED, status=states.RUNNING) -> None:
         writer = MetricWriter(engine, run, tmp_path / "run.spool.jsonl", interval=0.05,
-                              mirror=Sender(engine, run, [spec]))
+                              mirror=Sender(RunStore(str(tmp_path / "runs.db")), run, [spec]))
         writer.transition(status)
         if resume_at is not None:
             writer.drop_after(resume_at)
@@ -181,6 +182,7 @@ def test_a_resumed_attempt_sends_only_new_steps_and_sync_leaves_a_run_being_sent
     from attnres.mirrors.sender import lock_path, sync
     from attnres.tracking import spool
 
-    with spool.held(lock_path(store.get_run(engine, run))):
-        assert sync(engine, [spec]) == [(run, spec, "skipped: another process is sending this run now")]
-    assert sync(engine, [spec]) == [(run, spec, 0)]
+    runs_db = RunStore(str(tmp_path / "runs.db"))
+    with spool.held(lock_path(runs_db.run(run))):
+        assert sync(runs_db, [spec]) == [(run, spec, "skipped: another process is sending this run now")]
+    assert sync(runs_db, [spec]) == [(run, spec, 0)]

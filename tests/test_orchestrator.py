@@ -12,7 +12,7 @@ from helpers import FAST, LONG, attnres, runs, train_steps, wait_for
 
 from attnres.runs.backends.local import process_alive
 from attnres.runs.status import grid_rows
-from attnres.tracking.db import get_engine
+from attnres.tracking.run_store import RunStore
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +27,7 @@ def test_detached_queue_runs_cpu_jobs_one_after_the_other(workdir):
     assert second["started_at"] >= first["ended_at"]
     logs = attnres("logs", "1", check=True).stdout
     assert "step 6/6" in logs
-    header, rows = grid_rows(get_engine(str(workdir / "runs.db")))
+    header, rows = grid_rows(RunStore(str(workdir / "runs.db")))
     assert header == ["experiment", "variant", "seed 1"] and rows[0][:2] == ["tiny", "standard"]
     assert rows[0][2].startswith("finished 6/6")
 

@@ -10,8 +10,8 @@ from attnres.errors import AttnresError
 from attnres.runs import backends, orchestrator, planning
 from attnres.runs.backends import Placement
 from attnres.runs.backends.slurm import SlurmOptions
-from attnres.tracking import states, store
-from attnres.tracking.db import get_engine
+from attnres.tracking import states
+from attnres.tracking.run_store import RunStore
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -33,36 +33,36 @@ def test_a_bad_request_is_refused_before_anything_is_recorded(kwargs, message):
 
 def test_a_relaunch_skips_finished_and_active_cells_and_continues_interrupted_ones(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNRES_LOGS", str(tmp_path / "logs"))
-    engine = get_engine(str(tmp_path / "runs.db"))
+    store = RunStore(str(tmp_path / "runs.db"))
     req = planning.request(["standard", "control_block"], [1, 2, 3], steps=5)
-    cells = planning.plan(engine, req)
+    cells = planning.plan(store, req)
     assert [c.skip or c.run_id for c in cells] == [None] * 6
-    ids = orchestrator.enqueue(engine, cells, req)
-    assert ids == [1, 2, 3, 4, 5, 6] and all(store.status_of(engine, i) == states.QUEUED for i in ids)
-    states.transition(engine, 1, states.FINISHED, states.TRAINER)
-    states.transition(engine, 2, states.FAILED, states.TRAINER, message="boom", exit_code=1)
-    states.transition(engine, 3, states.KILLED, states.USER)
-    states.transition(engine, 4, states.RUNNING, states.TRAINER)
-    again = planning.plan(engine, req)
+    ids = orchestrator.enqueue(store, cells, req)
+    assert ids == [1, 2, 3, 4, 5, 6] and all(store.status_of(i) == states.QUEUED for i in ids)
+    store.move(1, states.FINISHED, states.TRAINER)
+    store.move(2, states.FAILED, states.TRAINER, message="boom", exit_code=1)
+    store.move(3, states.KILLED, states.USER)
+    store.move(4, states.RUNNING, states.TRAINER)
+    again = planning.plan(store, req)
     assert [(c.skip or "").split(" ")[0] or c.run_id for c in again] == ["finished", 2, 3, "already", "already",
                                                                           "already"]
-    assert orchestrator.enqueue(engine, again, req) == [2, 3]  # only the interrupted ones run again
-    r = store.get_run(engine, 2)
+    assert orchestrator.enqueue(store, again, req) == [2, 3]  # only the interrupted ones run again
+    r = store.run(2)
     assert (r.status, r.message, r.exit_code) == (states.QUEUED, None, None)  # the old failure is cleared
-    forced = planning.plan(engine, planning.request(["standard"], [1], steps=5, force=True))
+    forced = planning.plan(store, planning.request(["standard"], [1], steps=5, force=True))
     assert forced[0].skip is None and forced[0].run_id is None
 
 
 def test_resume_refuses_runs_that_are_not_interrupted_and_changes_nothing(tmp_path):
-    engine = get_engine(str(tmp_path / "runs.db"))
+    store = RunStore(str(tmp_path / "runs.db"))
     req = planning.request(["standard"], [1, 2], steps=5)
-    a, b = orchestrator.enqueue(engine, planning.plan(engine, req), req)
-    states.transition(engine, a, states.FAILED, states.SUPERVISOR)
+    a, b = orchestrator.enqueue(store, planning.plan(store, req), req)
+    store.move(a, states.FAILED, states.SUPERVISOR)
     with pytest.raises(AttnresError, match=f"run {b} is queued"):
-        orchestrator.reopen(engine, [a, b])
-    assert store.status_of(engine, a) == states.FAILED  # checked all before changing any
-    assert orchestrator.reopen(engine, [a]) == [f"run {a} (standard, seed 1): no checkpoint: starting over from step 0"]
-    assert store.status_of(engine, a) == states.QUEUED
+        orchestrator.reopen(store, [a, b])
+    assert store.status_of(a) == states.FAILED  # checked all before changing any
+    assert orchestrator.reopen(store, [a]) == [f"run {a} (standard, seed 1): no checkpoint: starting over from step 0"]
+    assert store.status_of(a) == states.QUEUED
 
 
 @pytest.mark.parametrize(("backend", "given", "message"), [

@@ -13,16 +13,15 @@ import pytest
 from helpers import FAST, attnres, database_at, in_process, runs
 from scipy import stats
 from seed_scenario import rows as seed_rows
-from sqlalchemy import create_engine
 from statsmodels.stats.multitest import multipletests
 
 from attnres.errors import AttnresError
-from attnres.tracking import states, store
-from attnres.tracking.db import HEAD, get_engine
-from attnres.tracking.reads import load_results, run_table
+from attnres.tracking import states
+from attnres.tracking.db import HEAD, public_url
+from attnres.tracking.run_store import RunStore
 from attnres.variants.registry import VARIANTS, resolve_run
 from reports import comparisons, evidence, plots
-from reports.build import public_url, write_report
+from reports.build import write_report
 from reports.document import Inputs, build_report
 from reports.scope import select
 from reports.stats import ReportError, seeds_needed, stars
@@ -30,17 +29,17 @@ from reports.tables import per_variant
 from reports.verdicts import cost_benefit
 
 
-def add_run(engine, variant, seed, evals: dict[int, float], *, budget=100, status="finished", step=None,
+def add_run(store, variant, seed, evals: dict[int, float], *, budget=100, status="finished", step=None,
             preset="tiny", experiment="", tps=1000.0, mem=1e9, message=None):
     """A run with the given eval curve (and throughput/memory logged at its last step)."""
     cfg = resolve_run(variant, preset, seed, [f"steps={budget}"], experiment=experiment)
-    run_id = store.create_run(engine, cfg, status=status, actor=states.IMPORTER, message=message)
+    run_id = store.create_run(cfg, status=status, actor=states.IMPORTER, message=message)
     last = step if step is not None else max(evals, default=0)
-    store.update_run(engine, run_id, step=last, stop_step=last if status in states.EARLY else None)
+    store.update_run(run_id, step=last, stop_step=last if status in states.EARLY else None)
     rows = [(s, "eval_loss", v) for s, v in evals.items()]
     rows += [(max(last, 1), "train_loss", min(evals.values(), default=9.0) - 0.05),
              (max(last, 1), "tokens_per_s", tps), (max(last, 1), "peak_memory_bytes", mem)]
-    store.log_metrics(engine, run_id, rows)
+    store.log_metrics(run_id, rows)
     return run_id
 
 
@@ -122,15 +121,15 @@ def test_seed_document_regenerated_from_its_figures(workdir):
 @pytest.mark.integration
 def test_one_database_many_experiments_never_mixes_them(workdir):
     import_seed(workdir)
-    engine = get_engine(str(workdir / "runs.db"))
+    store = RunStore(str(workdir / "runs.db"))
     for seed in (1, 2):
-        add_run(engine, "standard", seed, line(5.0 + seed / 100, 24, 8), budget=24)
-        add_run(engine, "block_sparse_depth", seed, line(4.9, 24, 8), budget=24)
-    text = write_report(engine, workdir / "r.md", plots=False)  # the latest experiment by default
+        add_run(store, "standard", seed, line(5.0 + seed / 100, 24, 8), budget=24)
+        add_run(store, "block_sparse_depth", seed, line(4.9, 24, 8), budget=24)
+    text = write_report(store, workdir / "r.md", plots=False)  # the latest experiment by default
     assert "Scope: experiment tiny, preset tiny, 24 steps." in text
     assert "killed" not in text.split("## Other Experiments")[0] and "5000" not in text
     assert "`attnres report --experiment paper500m --preset paper500m --budget 6000`" in text
-    other = write_report(engine, workdir / "p.md", plots=False, experiment="paper500m")
+    other = write_report(store, workdir / "p.md", plots=False, experiment="paper500m")
     assert "Scope: experiment paper500m" in other and "24 steps" in other.split("## Other")[1]
     # the same filters on status, compare and export
     listed = attnres("status", "--experiment", "tiny", check=True).stdout
@@ -145,23 +144,23 @@ def test_one_database_many_experiments_never_mixes_them(workdir):
 
 
 def test_mid_grid_report_is_partial_and_names_what_is_behind(workdir):
-    engine = get_engine(str(workdir / "runs.db"))
-    add_run(engine, "standard", 1, line(3.0))
-    add_run(engine, "standard", 2, line(3.1, 25), status="running", step=30)
-    add_run(engine, "control_block", 1, line(2.9, 50), status="running", step=60)
-    add_run(engine, "block_rope_depth", 1, {}, status="failed", step=80, message="RuntimeError: boom\nmore")
-    add_run(engine, "deep_baseline", 1, {}, status="running", step=3)  # a deep run with no eval yet
-    text = write_report(engine, workdir / "r.md", plots=True)
+    store = RunStore(str(workdir / "runs.db"))
+    add_run(store, "standard", 1, line(3.0))
+    add_run(store, "standard", 2, line(3.1, 25), status="running", step=30)
+    add_run(store, "control_block", 1, line(2.9, 50), status="running", step=60)
+    add_run(store, "block_rope_depth", 1, {}, status="failed", step=80, message="RuntimeError: boom\nmore")
+    add_run(store, "deep_baseline", 1, {}, status="running", step=3)  # a deep run with no eval yet
+    text = write_report(store, workdir / "r.md", plots=True)
     assert "**partial**: at step 50 of 100" in text
     assert "Still behind (not in the table yet): standard s2 (step 30)." in text
     assert "| block_rope_depth | 1      | failed  | 80 of 100 | RuntimeError: boom |" in text
     assert "No deep variant has an eval at a step the baseline has yet: deep_baseline (step ~3)." in text
-    finished = write_report(engine, workdir / "r.md", plots=False, step=100)
+    finished = write_report(store, workdir / "r.md", plots=False, step=100)
     assert "at step 100 of 100 (asked for with --step)" in finished
     assert "control_block still too early to compare (step ~60)." in finished
 
 
-def random_database(engine, rng: random.Random) -> None:
+def random_database(store, rng: random.Random) -> None:
     variants = ["standard"] * 4 + ["control_block", "block_hybrid_memory", "deep_baseline", "deep_control_block"]
     for _ in range(rng.randint(0, 10)):
         status = rng.choice([states.FINISHED] * 4 + list(states.STATES))
@@ -170,13 +169,13 @@ def random_database(engine, rng: random.Random) -> None:
         evals = {s: rng.choice([rng.uniform(2, 9), float("inf")] if rng.random() < 0.2 else [rng.uniform(2, 9)])
                  for s in sorted(rng.sample(range(0, budget + 1, 10), min(n, budget // 10 + 1)))}
         try:
-            run_id = add_run(engine, rng.choice(variants), rng.randint(1, 3), evals, budget=budget, status=status,
+            run_id = add_run(store, rng.choice(variants), rng.randint(1, 3), evals, budget=budget, status=status,
                              step=rng.randint(0, budget), experiment=rng.choice([""] * 4 + ["other"]),
                              tps=rng.choice([1000.0, float("inf")]))
         except states.ActiveTwin:  # the database refuses a second active run of a config (as it should)
             continue
         if rng.random() < 0.2:
-            store.log_metrics(engine, run_id, [(10, "depth:0:embedding", 1.0), (10, "depth:1:partial", 0.4),
+            store.log_metrics(run_id, [(10, "depth:0:embedding", 1.0), (10, "depth:1:partial", 0.4),
                                                (10, "depth:1:embedding", 0.6)])
 
 
@@ -186,21 +185,21 @@ def test_no_database_content_crashes_the_report(workdir):
     written, or one clear line says why not (the CLI's exit 2)."""
     outcomes = {"written": 0, "refused": 0}
     for trial in range(40):
-        engine = get_engine(str(workdir / f"r{trial}.db"))
-        random_database(engine, random.Random(trial))
+        store = RunStore(str(workdir / f"r{trial}.db"))
+        random_database(store, random.Random(trial))
         for kwargs in ({"plots": trial % 10 == 0}, {"plots": False, "step": 10}):
             try:
-                write_report(engine, workdir / "r.md", **kwargs)
+                write_report(store, workdir / "r.md", **kwargs)
                 outcomes["written"] += 1
             except AttnresError as exc:
                 assert "\n" not in str(exc), str(exc)
                 outcomes["refused"] += 1
-        all_runs = run_table(engine)
+        all_runs = store.run_table()
         if all_runs.empty:
             continue
         # NaN (which SQLite cannot hold, PostgreSQL can) in evals, throughput and memory: the pure document
         scoped, scope, _ = select(all_runs)
-        res = load_results(engine, runs=scoped)
+        res = store.load_results(runs=scoped)
         evals, runs_ = res.evals.copy(), res.runs.copy()
         evals.loc[evals.sample(frac=0.3, random_state=trial).index, "value"] = float("nan")
         runs_.loc[runs_.sample(frac=0.5, random_state=trial).index, ["tokens_per_s", "peak_memory_bytes"]] = np.nan
@@ -284,12 +283,12 @@ def test_figures_colour_each_variant_once_and_do_not_overprint_labels():
 
 @pytest.mark.integration
 def test_compare_plot_draws_delta_against_the_first(workdir):
-    engine = get_engine(str(workdir / "runs.db"))
+    store = RunStore(str(workdir / "runs.db"))
     for seed, (b, c) in {1: (3.0, 2.9), 2: (3.2, 3.0)}.items():
-        add_run(engine, "standard", seed, line(b))
-        add_run(engine, "control_block", seed, line(c))
-    res = store.runs_frame(engine)
-    evals = store.metrics_frame(engine, ["eval_loss"]).drop(columns="key")
+        add_run(store, "standard", seed, line(b))
+        add_run(store, "control_block", seed, line(c))
+    res = store.runs_frame()
+    evals = store.metrics_frame(["eval_loss"]).drop(columns="key")
     d = plots.delta_series(res, evals, "control_block", "standard").set_index("step")
     assert d.loc[100, "delta"] == pytest.approx(np.mean([2.9, 3.0]) - np.mean([3.0, 3.2]))
     attnres("compare", "standard", "control_block", "--plot", "c.png", check=True)
@@ -297,7 +296,7 @@ def test_compare_plot_draws_delta_against_the_first(workdir):
 
 
 def test_provenance_never_shows_credentials():
-    url = public_url(create_engine("postgresql+psycopg://alice:s3cret@db.example:5432/runs"))
+    url = public_url("postgresql+psycopg://alice:s3cret@db.example:5432/runs")  # (RunStore.public_url)
     assert url == "postgresql+psycopg://db.example:5432/runs"
 
 

@@ -9,8 +9,8 @@ import pytest
 from helpers import attnres
 from scipy import stats
 
-from attnres.tracking import states, store
-from attnres.tracking.db import get_engine
+from attnres.tracking import states
+from attnres.tracking.run_store import RunStore
 from attnres.variants.registry import resolve_run
 
 pytestmark = pytest.mark.integration
@@ -19,36 +19,36 @@ BASE = {42: 3.00, 1337: 3.04, 123: 3.08}  # standard's eval loss at step 100
 HYBRID = {42: 2.90, 1337: 2.92, 123: 2.95, 456: 2.93}
 
 
-def add_run(engine, variant, seed, final_eval, *, steps=100, tps=1000.0, mem=1e9, status="finished",
+def add_run(store, variant, seed, final_eval, *, steps=100, tps=1000.0, mem=1e9, status="finished",
             stop_step=None, train=None):
     """A run whose eval loss falls linearly from 10 to ``final_eval`` over evals every 25 steps."""
     cfg = resolve_run(variant, "tiny", seed, [f"steps={steps}"])
-    run_id = store.create_run(engine, cfg, status=status, actor=states.IMPORTER)
+    run_id = store.create_run(cfg, status=status, actor=states.IMPORTER)
     last = stop_step if stop_step is not None else steps
-    store.update_run(engine, run_id, step=last, stop_step=stop_step)
+    store.update_run(run_id, step=last, stop_step=stop_step)
     rows = []
     for s in range(0, last + 1, 25):
         rows.append((s, "eval_loss", 10 + (final_eval - 10) * s / steps))
     for s in range(5, last + 1, 5):
         rows += [(s, "train_loss", (train if train is not None else final_eval - 0.05) + (last - s) * 0.01),
                  (s, "tokens_per_s", tps), (s, "peak_memory_bytes", mem)]
-    store.log_metrics(engine, run_id, rows)
+    store.log_metrics(run_id, rows)
     return run_id
 
 
 @pytest.fixture
 def db(workdir):
-    engine = get_engine(str(workdir / "runs.db"))
+    store = RunStore(str(workdir / "runs.db"))
     for seed, v in BASE.items():
-        add_run(engine, "standard", seed, v, tps=1000, mem=1e9)
+        add_run(store, "standard", seed, v, tps=1000, mem=1e9)
     for seed, v in HYBRID.items():
-        add_run(engine, "block_hybrid_memory", seed, v, tps=800, mem=1.5e9)
-    add_run(engine, "control_block", 42, 3.02, tps=900, mem=1.2e9)
-    add_run(engine, "block_rope_depth", 42, 3.5, status="diverged", stop_step=50)
-    add_run(engine, "block_sparse_depth", 42, 3.3, status="stopped", stop_step=75)
-    add_run(engine, "deep_baseline", 42, 3.2, tps=600)
-    add_run(engine, "deep_control_block", 42, 2.9, tps=500)
-    return engine
+        add_run(store, "block_hybrid_memory", seed, v, tps=800, mem=1.5e9)
+    add_run(store, "control_block", 42, 3.02, tps=900, mem=1.2e9)
+    add_run(store, "block_rope_depth", 42, 3.5, status="diverged", stop_step=50)
+    add_run(store, "block_sparse_depth", 42, 3.3, status="stopped", stop_step=75)
+    add_run(store, "deep_baseline", 42, 3.2, tps=600)
+    add_run(store, "deep_control_block", 42, 2.9, tps=500)
+    return store
 
 
 def test_report_has_exact_statistics(db, workdir):
@@ -105,10 +105,10 @@ def test_report_at_a_chosen_step(db, workdir):
 
 
 def test_report_without_baseline_or_runs_says_so(workdir):
-    engine = get_engine(str(workdir / "runs.db"))
+    store = RunStore(str(workdir / "runs.db"))
     empty = attnres("report", "--out", "r.md")
     assert empty.returncode == 2 and "no runs" in empty.stderr
-    add_run(engine, "control_block", 1, 3.0)
+    add_run(store, "control_block", 1, 3.0)
     nobase = attnres("report", "--out", "r.md")
     assert nobase.returncode == 2 and "baseline 'standard'" in nobase.stderr
     assert len(nobase.stderr.strip().splitlines()) == 1
@@ -144,7 +144,7 @@ def test_export_then_import_reproduces_the_report(db, workdir):
     assert "12 new run(s)" in out.stdout
     again = attnres("import", "exp-csv/metrics.csv", "--db", other, check=True)
     assert "0 new run(s)" in again.stdout
-    rows = store.metrics_frame(get_engine(other), ["eval_loss", "train_loss"])
+    rows = RunStore(other).metrics_frame(["eval_loss", "train_loss"])
     assert not rows.duplicated(["run_id", "key", "step"]).any()
     attnres("report", "--out", "imported.md", "--no-plots", "--db", other, check=True)
     orig = (workdir / "orig.md").read_text()
@@ -166,15 +166,15 @@ def test_runs_of_an_earlier_revision_are_left_out_and_named(workdir):
 
     from reports.build import write_report
 
-    engine = get_engine(str(workdir / "runs.db"))
+    store = RunStore(str(workdir / "runs.db"))
     for seed, v in BASE.items():
-        add_run(engine, "standard", seed, v)
-    add_run(engine, "control_block", 42, 3.02)
-    old = store.create_run(engine, replace(resolve_run("control_block", "tiny", 1337, ["steps=100"]), revision=1),
+        add_run(store, "standard", seed, v)
+    add_run(store, "control_block", 42, 3.02)
+    old = store.create_run(replace(resolve_run("control_block", "tiny", 1337, ["steps=100"]), revision=1),
                            status="finished", actor=states.IMPORTER)
-    store.update_run(engine, old, step=100)
-    store.log_metrics(engine, old, [(s, "eval_loss", 1.0) for s in range(0, 101, 25)])  # would win by far
-    text = write_report(engine, workdir / "r.md", plots=False)
+    store.update_run(old, step=100)
+    store.log_metrics(old, [(s, "eval_loss", 1.0) for s in range(0, 101, 25)])  # would win by far
+    text = write_report(store, workdir / "r.md", plots=False)
     assert f"control_block s1337 (run {old})" in text and "earlier revision" in text
     assert "1 seed (42)" in text and "1.000" not in text
     status = attnres("status", check=True).stdout

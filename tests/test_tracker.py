@@ -14,6 +14,7 @@ from helpers import attnres, database_at, values
 from attnres.runs.status import status_rows
 from attnres.tracking import spool, states, store
 from attnres.tracking.db import HEAD, check_location, get_engine
+from attnres.tracking.run_store import RunStore
 from attnres.tracking.writer import MetricWriter
 from attnres.variants.registry import resolve_run
 
@@ -86,17 +87,18 @@ def test_cached_key_ids_follow_a_database_replaced_under_the_writer(tmp_path):
     assert got == {"train_loss:2": 2.0, "lr:2": 0.2}
 
 
-def test_status_lists_the_active_runs_and_the_most_recent_with_their_latest_values(engine):
+def test_status_lists_the_active_runs_and_the_most_recent_with_their_latest_values(engine, tmp_path):
     queued = new_run(engine, seed=0, status=states.QUEUED)  # the oldest run, still active
     ids = [new_run(engine, seed=s) for s in range(1, 31)]
     for run in ids:
         store.log_metrics(engine, run, [(s, "train_loss", 10.0 - s / 10) for s in range(1, 51)]
                           + [(25, "eval_loss", 5.0), (50, "eval_loss", float(run))])
-    rows, total = status_rows(engine, recent=20)
+    runs = RunStore(str(tmp_path / "runs.db"))
+    rows, total = status_rows(runs, recent=20)
     assert total == 31 and [r["run"] for r in rows] == [queued, *ids[-20:]]
     last = rows[-1]
     assert (last["train loss"], last["eval loss"], last["tok/s"]) == ("5.000", f"{ids[-1]:.3f}", "—")
-    every, _ = status_rows(engine, recent=None)
+    every, _ = status_rows(runs, recent=None)
     assert [r["run"] for r in every] == [queued, *ids]
 
 
@@ -187,16 +189,16 @@ def test_summaries_are_dropped_by_any_write_and_the_report_reads_the_same_with_o
 
     from reports.build import write_report
 
-    without = write_report(engine, workdir / "a.md", plots=False)
+    without = write_report(RunStore(str(workdir / "runs.db")), workdir / "a.md", plots=False)
     for run in ids:
         store.summarize(engine, run)
     assert summaries() == 6 * 4
-    assert write_report(engine, workdir / "b.md", plots=False) == without
+    assert write_report(RunStore(str(workdir / "runs.db")), workdir / "b.md", plots=False) == without
     store.log_metrics(engine, ids[0], [(41, "eval_loss", 1.0)])  # a late write: that run's summaries go
     store.drop_metrics_after(engine, ids[1], 40)  # a resume point: so do these
     assert summaries() == 4 * 4
     store.drop_metrics_after(engine, ids[0], 40)
-    assert write_report(engine, workdir / "c.md", plots=False) == without
+    assert write_report(RunStore(str(workdir / "runs.db")), workdir / "c.md", plots=False) == without
 
 
 def test_a_run_that_ends_leaves_its_summaries(engine, tmp_path):

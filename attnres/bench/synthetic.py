@@ -7,11 +7,11 @@ import numpy as np
 
 def synthetic_db(url: str, runs: int = 200, steps: int = 6000, variants: int = 10, seed: int = 0) -> int:
     """Fill a database with known curves: ``runs`` runs x ``steps`` steps x 5 metrics. Returns rows."""
-    from attnres.tracking import states, store
-    from attnres.tracking.db import get_engine
+    from attnres.tracking import states
+    from attnres.tracking.run_store import RunStore
     from attnres.variants.registry import VARIANTS, resolve_run
 
-    engine = get_engine(url)
+    store = RunStore(url)
     names = [n for n in VARIANTS if not n.startswith("deep")][:variants]
     rng = np.random.default_rng(seed)
     step = np.arange(1, steps + 1)
@@ -19,8 +19,8 @@ def synthetic_db(url: str, runs: int = 200, steps: int = 6000, variants: int = 1
     for r in range(runs):
         variant = names[r % len(names)]
         cfg = resolve_run(variant, "tiny", 1000 + r // len(names), [f"steps={steps}"])
-        run_id = store.create_run(engine, cfg, actor=states.IMPORTER, status=states.FINISHED)
-        store.update_run(engine, run_id, step=steps)
+        run_id = store.create_run(cfg, actor=states.IMPORTER, status=states.FINISHED)
+        store.update_run(run_id, step=steps)
         offset = 0.01 * (r % len(names)) + rng.normal(0, 0.005)
         curves = {
             "train_loss": 3 + 7 * np.exp(-step / 500) + offset + rng.normal(0, 0.01, steps),
@@ -31,6 +31,6 @@ def synthetic_db(url: str, runs: int = 200, steps: int = 6000, variants: int = 1
         }
         for name, values in curves.items():
             rows = [(int(s), name, float(v)) for s, v in zip(step, values, strict=True)]
-            total += store.log_metrics(engine, run_id, rows)
-        store.summarize(engine, run_id)  # as a run's end does
+            total += store.log_metrics(run_id, rows)
+        store.summarize(run_id)  # as a run's end does
     return total

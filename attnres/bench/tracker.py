@@ -26,20 +26,20 @@ from pathlib import Path
 
 from attnres.errors import AttnresError
 from attnres.tracking.bench_anchor import raw_sqlite_insert_s
+from attnres.tracking.run_store import RunStore
 
 KEYS = ("train_loss", "lr", "grad_norm", "tokens_per_s", "peak_memory_bytes")
-ReportWriter = Callable[..., object]  # reports.build.write_report(engine, out, plots=...)
+ReportWriter = Callable[..., object]  # reports.build.write_report(store, out, plots=...)
 
 
-def _new_run(url: str, tmp: Path, status: str = "finished") -> tuple[object, int]:
-    from attnres.tracking import states, store
-    from attnres.tracking.db import get_engine
+def _new_run(url: str, tmp: Path, status: str = "finished") -> tuple[RunStore, int]:
+    from attnres.tracking import states
     from attnres.variants.registry import resolve_run
 
-    engine = get_engine(url)
+    store = RunStore(url)
     cfg = resolve_run("standard", "tiny", 1, [f"steps={10**9}"])
     actor = states.LAUNCHER if status == states.QUEUED else states.IMPORTER
-    return engine, store.create_run(engine, cfg, actor=actor, status=status, log_path=str(tmp / f"{status}.log"))
+    return store, store.create_run(cfg, actor=actor, status=status, log_path=str(tmp / f"{status}.log"))
 
 
 def _values(step: int) -> dict[str, float]:
@@ -49,11 +49,8 @@ def _values(step: int) -> dict[str, float]:
 def _ingest_ours(tmp: Path, steps: int, url: str | None = None) -> float:
     """Seconds from the writer's hand-over of ``steps`` x 5 values until the database (a new SQLite file in
     ``tmp``, or the server at ``url``) holds them."""
-    from attnres.tracking import store
-    from attnres.tracking.writer import MetricWriter
-
-    engine, run_id = _new_run(url or f"sqlite:///{tmp}/ingest.db", tmp)
-    writer = MetricWriter(engine, run_id, store.spool_path(store.get_run(engine, run_id)), interval=3600.0)
+    store, run_id = _new_run(url or f"sqlite:///{tmp}/ingest.db", tmp)
+    writer = store.writer(store.run(run_id), interval=3600.0)
     for step in range(1, steps + 1):  # handed over; written only at the flush
         writer.add(step, **_values(step))
         writer.progress(step)
@@ -63,14 +60,14 @@ def _ingest_ours(tmp: Path, steps: int, url: str | None = None) -> float:
     seconds = time.perf_counter() - t0
     writer.close()
     if url is None:
-        engine.dispose()
+        store.close()
     return seconds
 
 
 def _ingest_raw(tmp: Path, steps: int) -> float:
     """Seconds for raw sqlite3 ``executemany`` of the same rows into the same schema (one commit)."""
-    engine, run_id = _new_run(f"sqlite:///{tmp}/raw.db", tmp)
-    engine.dispose()
+    store, run_id = _new_run(f"sqlite:///{tmp}/raw.db", tmp)
+    store.close()
     payload = [(run_id, k, step, 3.0 + 1 / step) for step in range(1, steps + 1) for k in range(1, len(KEYS) + 1)]
     return raw_sqlite_insert_s(tmp / "raw.db", KEYS, payload)
 
@@ -96,8 +93,8 @@ def bench_log_calls(tmp: Path, steps: int) -> dict[str, float]:
     from attnres.training.loop import Ending
     from attnres.training.recorder import RunRecorder
 
-    engine, run_id = _new_run(f"sqlite:///{tmp}/calls.db", tmp, status=states.QUEUED)
-    recorder = RunRecorder(engine, run_id)
+    store, run_id = _new_run(f"sqlite:///{tmp}/calls.db", tmp, status=states.QUEUED)
+    recorder = RunRecorder(store, run_id)
     calls = []
     clock = time.perf_counter_ns
     for step in range(1, steps + 1):
@@ -107,7 +104,7 @@ def bench_log_calls(tmp: Path, steps: int) -> dict[str, float]:
         recorder.progress(step)
         calls.append(clock() - t0)
     recorder.finish(Ending(states.FINISHED, steps))
-    engine.dispose()
+    store.close()
     calls.sort()
     return {"log_calls": steps, "log_call_p50_us": statistics.median(calls) / 1e3,
             "log_call_p99_us": calls[min(len(calls) - 1, int(0.99 * len(calls)))] / 1e3}
@@ -118,20 +115,19 @@ def bench_report_time(tmp: Path, runs: int, steps: int, write_report: ReportWrit
     """Seconds for the whole document over a synthetic database (without, then with figures; best of
     ``repeat``)."""
     from attnres.bench.synthetic import synthetic_db
-    from attnres.tracking.db import get_engine
 
     url = f"sqlite:///{tmp}/report.db"
     n = synthetic_db(url, runs, steps)
-    engine = get_engine(url)
+    store = RunStore(url)
 
     def timed(plots: bool) -> float:
         t0 = time.perf_counter()
-        write_report(engine, tmp / "report.md", plots=plots)
+        write_report(store, tmp / "report.md", plots=plots)
         return time.perf_counter() - t0
 
     plain = min(timed(False) for _ in range(repeat))  # the best: the first also imports scipy and warms caches
     plots = min(timed(True) for _ in range(repeat))
-    engine.dispose()
+    store.close()
     return {"report_rows": n, "report_s": plain, "report_with_plots_s": plots}
 
 

@@ -19,9 +19,9 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from sqlalchemy import Engine
 from torch import Tensor, nn
 
 from attnres.errors import AttnresError
@@ -30,6 +30,9 @@ from attnres.model.gpt import GPT
 from attnres.training.distributed import device_model
 from attnres.training.optim import build_optimizer
 from attnres.variants.registry import canonical, resolve_run
+
+if TYPE_CHECKING:
+    from attnres.tracking.run_store import RunStore
 
 #: The issue's targets: (tokens/s ratio to standard, saved-activation ratio to standard).
 TARGETS: dict[str, tuple[float, float | None]] = {
@@ -174,18 +177,16 @@ def bench_models(variants: list[str], preset: str = "bench", steps: int = 10, wa
     return rows
 
 
-def store_session(engine: Engine, rows: list[dict[str, object]], preset: str, overrides: list[str] | None,
+def store_session(store: RunStore, rows: list[dict[str, object]], preset: str, overrides: list[str] | None,
                   steps: int) -> int:
     """Keep a bench's rows in the database as one session (:mod:`attnres.tracking.speed`): a report takes a
     variant's speed cost from the newest one on the runs' device when the runs trained under different
     conditions. Returns the session's number."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from attnres.tracking import speed
+    from attnres.tracking.run_store import DatabaseError
 
     first = rows[0]
     try:
-        return speed.record_bench(engine, rows, str(first["device_model"]), int(first["threads"]),
+        return store.record_bench(rows, str(first["device_model"]), int(first["threads"]),
                                   str(first["dtype"]), preset, overrides or [], steps)
-    except SQLAlchemyError as exc:
+    except DatabaseError as exc:
         raise AttnresError(f"the bench is not recorded: {str(exc).splitlines()[0]}") from None

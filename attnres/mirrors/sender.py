@@ -11,7 +11,6 @@ get is sent later by ``attnres sync --mirror SPEC``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import queue
 import threading
@@ -20,16 +19,14 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Engine
-from sqlalchemy.exc import SQLAlchemyError
-
 from attnres import mirrors
 from attnres.config import flatten
 from attnres.logline import say
-from attnres.tracking import depth_maps, mirror_marks, spool, states, store
+from attnres.tracking import depth_maps, spool, states
+from attnres.tracking.run_store import DatabaseError
 
 if TYPE_CHECKING:
-    from attnres.tracking.schema import Run
+    from attnres.tracking.run_store import RunRecord, RunStore
 
 Rows = list[tuple[int, dict[str, float]]]
 CHUNK = 1000  # steps a sync sends per call of a mirror (MLflow's log_batch takes 1,000 values a call)
@@ -38,23 +35,13 @@ SKIPPED = "skipped"  # a sync's result for a run another process is sending
 ENDS = (*states.ENDED, states.PREEMPTED)  # the states a mirror's run is ended with (a preempted one may resume)
 
 
-def database_id(engine: Engine) -> str:
-    """A short digest of where the database is: a run's identity in a mirror is its id and this."""
-    url = engine.url
-    where = str(url.database or "")
-    if url.get_backend_name() == "sqlite" and where and where != ":memory:":
-        where = str(Path(where).resolve())
-    return hashlib.sha256(f"{url.get_backend_name()}://{url.host or ''}:{url.port or ''}/{where}".encode()
-                          ).hexdigest()[:8]
-
-
-def run_info(engine: Engine, run: Run) -> mirrors.RunInfo:
+def run_info(store: RunStore, run: RunRecord) -> mirrors.RunInfo:
     """How a run is named and described in a mirror (its config as params, its place as tags)."""
     try:
         config = json.loads(run.config_json or "{}")
     except ValueError:
         config = {}
-    db = database_id(engine)
+    db = store.database_id()
     tags = {"attnres.run_id": str(run.id), "attnres.variant": run.variant, "attnres.seed": str(run.seed),
             "attnres.preset": run.preset, "attnres.experiment": run.experiment or run.preset,
             "attnres.config_hash": run.config_hash, "attnres.database": db}
@@ -83,11 +70,11 @@ class Link:
     point may then reach a buffering tracker twice, but is never lost.
     """
 
-    def __init__(self, engine: Engine, run: Run, spec: str) -> None:
-        self.engine, self.run_id, self.spec = engine, run.id, spec
+    def __init__(self, store: RunStore, run: RunRecord, spec: str) -> None:
+        self.store, self.run_id, self.spec = store, run.id, spec
         self.mirror = mirrors.make(mirrors.parse(spec))
-        self.marks = mirror_marks.marks(engine, run.id, spec)
-        self.mirror.open(run_info(engine, run))
+        self.marks = store.mirror_marks(run.id, spec)
+        self.mirror.open(run_info(store, run))
         self.unsaved: dict[str, int] = {}  # marks the tracker holds, not yet in the database
         self.lagging: dict[str, int] = {}  # a buffering tracker's last batch: held once the next is sent
 
@@ -119,9 +106,9 @@ class Link:
     def save(self) -> None:
         """Record the marks (kept and retried with the next batch if the database is away now)."""
         try:
-            mirror_marks.save_marks(self.engine, self.run_id, self.spec, self.unsaved)
+            self.store.save_mirror_marks(self.run_id, self.spec, self.unsaved)
             self.unsaved = {}
-        except SQLAlchemyError:
+        except DatabaseError:
             pass
 
 
@@ -134,16 +121,16 @@ def _warn(run_id: int, spec: str, exc: BaseException) -> None:
         f"database go on; `attnres sync --mirror {spec}` sends what it missed", err=True)
 
 
-def lock_path(run: Run) -> Path:
+def lock_path(run: RunRecord) -> Path:
     """The lock whoever sends a run to its mirrors holds (``<spool>.mirror.lock``): one sender at a time."""
-    return Path(f"{store.spool_path(run)}.mirror")
+    return Path(f"{run.spool}.mirror")
 
 
 class Sender:
     """The background sender of one training run to its mirrors (fed by the metric writer)."""
 
-    def __init__(self, engine: Engine, run_id: int, specs: Sequence[str]) -> None:
-        self.engine, self.run_id, self.specs = engine, run_id, list(specs)
+    def __init__(self, store: RunStore, run_id: int, specs: Sequence[str]) -> None:
+        self.store, self.run_id, self.specs = store, run_id, list(specs)
         self.inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self.links: list[Link] = []
         self.caught_up = False
@@ -177,7 +164,7 @@ class Sender:
         for link in list(self.links):
             try:
                 action(link)
-            except SQLAlchemyError:  # our database, away for a moment: the points stay past the marks for later
+            except DatabaseError:  # our database, away for a moment: the points stay past the marks for later
                 self.caught_up = False
             except Exception as exc:  # noqa: BLE001 - a tracker's failure of any kind must not reach training
                 _warn(self.run_id, link.spec, exc)
@@ -190,11 +177,11 @@ class Sender:
         from the database before its first batch, and must not be sent first.
         """
         self.caught_up = True
-        self._each(lambda link: link.send(mirror_marks.unsent(self.engine, self.run_id, link.marks)))
+        self._each(lambda link: link.send(self.store.unsent(self.run_id, link.marks)))
 
     def _loop(self) -> None:
         try:
-            run = mirror_marks.mirrored_runs(self.engine, [self.run_id])[0]
+            run = self.store.mirrored_runs([self.run_id])[0]
         except Exception as exc:  # noqa: BLE001
             for spec in self.specs:
                 _warn(self.run_id, spec, exc)
@@ -210,10 +197,10 @@ class Sender:
                 return self._drain()
             time.sleep(0.5)
 
-    def _serve(self, run: Run) -> None:
+    def _serve(self, run: RunRecord) -> None:
         for spec in self.specs:
             try:
-                self.links.append(Link(self.engine, run, spec))
+                self.links.append(Link(self.store, run, spec))
             except Exception as exc:  # noqa: BLE001 - missing package, unreachable server, bad URI: one warning
                 _warn(self.run_id, spec, exc)
         while True:
@@ -236,7 +223,7 @@ class Sender:
             pass
 
 
-def sync(engine: Engine, specs: Sequence[str], run_ids: Sequence[int] | None = None,
+def sync(store: RunStore, specs: Sequence[str], run_ids: Sequence[int] | None = None,
          on_run: Callable[[int, str, int], None] | None = None) -> list[tuple[int, str, int | str]]:
     """Send runs (``run_ids``, or every run) to mirrors: what each mirror does not hold yet, then the run's state
     (a queued or running run is left to its trainer when the trainer sends it to that mirror itself).
@@ -246,15 +233,15 @@ def sync(engine: Engine, specs: Sequence[str], run_ids: Sequence[int] | None = N
     """
     targets = mirrors.specs(list(specs))
     done: list[tuple[int, str, int | str]] = []
-    for run in mirror_marks.mirrored_runs(engine, run_ids):
+    for run in store.mirrored_runs(run_ids):
         with spool.held(lock_path(run), wait=False) as free:
             if not free:  # its trainer is sending it now (or another sync): two senders would race over the marks
                 done += [(run.id, spec, f"{SKIPPED}: another process is sending this run now") for spec in targets]
                 continue
             for spec in targets:
                 try:
-                    link = Link(engine, run, spec)
-                    rows = mirror_marks.unsent(engine, run.id, link.marks)
+                    link = Link(store, run, spec)
+                    rows = store.unsent(run.id, link.marks)
                     sent = sum(link.send(rows[i:i + CHUNK]) for i in range(0, len(rows), CHUNK))
                     if run.status in ENDS:
                         link.end(run.status)

@@ -223,7 +223,7 @@ def attend(keys: Sequence[Tensor], u: Tensor, rs: Sequence[Tensor], *, values: S
 
 
 # -- the Triton kernel's self-check ------------------------------------------------------------------
-@torch.compiler.assume_constant_result
+@gpu_kernel.constant_to_compile
 def _triton_trusted(device: str) -> bool:
     """Whether the Triton kernel passed its self-check on ``device`` (a constant to ``torch.compile``,
     computed eagerly, not traced)."""

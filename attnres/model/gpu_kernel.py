@@ -23,7 +23,7 @@ imported), on CPU tensors in float32, float64 and bfloat16: that is how the test
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
 
@@ -52,10 +52,18 @@ def _kernels() -> tuple[object, object] | None:
     return jit.forward_kernel, jit.backward_kernel
 
 
+def constant_to_compile(fn: Callable[..., bool]) -> Callable[..., bool]:
+    """``torch.compiler.assume_constant_result``: ``torch.compile`` takes ``fn``'s result as a constant. The same
+    marker set without importing ``torch._dynamo`` (which that function does first: over a second of every
+    trainer's start, for a model that is not compiled)."""
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]  # (torch._dynamo.decorators sets exactly this)
+    return fn
+
+
 _force: bool | None = None  # set while a self-check runs both paths (attnres.model.depth_attend.triton_self_check)
 
 
-@torch.compiler.assume_constant_result
+@constant_to_compile
 def installed() -> bool:
     """Whether the kernels can be had (Triton imports); a constant to ``torch.compile``, not traced."""
     return _kernels() is not None

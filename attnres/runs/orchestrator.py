@@ -10,8 +10,6 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from sqlalchemy import Engine
-
 from attnres import paths
 from attnres.config import RunConfig
 from attnres.errors import AttnresError
@@ -19,7 +17,8 @@ from attnres.logline import say
 from attnres.runs import backends, grid
 from attnres.runs.backends import Placement, Submitted
 from attnres.runs.planning import LaunchRequest, PlannedRun, check_data, git_commit
-from attnres.tracking import launches, lifecycle, mirror_marks, states, store
+from attnres.tracking import launches, states
+from attnres.tracking.run_store import RunRecord, RunStore
 from attnres.variants.registry import check_revision
 
 #: what reopening a run clears: the end and the message of its last attempt
@@ -27,7 +26,7 @@ _REOPENED = {"ended_at": None, "exit_code": None, "message": None, "stop_step": 
              "queue_host": None, "queue_pid": None, "queue_since": None}
 
 
-def _reopen(engine: Engine, run_id: int, stage: Stage, **fields: object) -> states.Outcome:
+def _reopen(store: RunStore, run_id: int, stage: Stage, **fields: object) -> states.Outcome:
     """Queue an ended run again, its last attempt's spool recorded first, as that attempt's.
 
     A run that had ended (failed, killed) joins ``stage``: its seed arrives after its old stage was
@@ -40,14 +39,12 @@ def _reopen(engine: Engine, run_id: int, stage: Stage, **fields: object) -> stat
     spool cannot be read by anyone else until the run is queued with the last attempt's process
     forgotten (``agent_pid``), which the queue checks before it records anything.
     """
-    run = store.get_run(engine, run_id)
+    run = store.run(run_id)
     if run.status != states.PREEMPTED:
-        fields["launch_id"] = stage(engine)
-    path = store.spool_path(run)
+        fields["launch_id"] = stage(store)
     try:
-        with lifecycle.recover(engine, path):  # what the last attempt wrote is in before the run reopens
-            return lifecycle.move(engine, run_id, states.QUEUED, states.LAUNCHER, **_REOPENED, job_id=None,
-                                  **fields)
+        with store.recover(run):  # what the last attempt wrote is in before the run reopens
+            return store.move(run_id, states.QUEUED, states.LAUNCHER, **_REOPENED, job_id=None, **fields)
     except AttnresError as exc:  # a spool the database cannot take: one clear error naming the run
         raise AttnresError(f"run {run_id}: {exc}") from None
 
@@ -59,19 +56,19 @@ class Stage:
     def __init__(self, origin: str = launches.LAUNCH, plan: dict | None = None) -> None:
         self.origin, self.plan, self.id = origin, plan, None
 
-    def __call__(self, engine: Engine) -> int:
+    def __call__(self, store: RunStore) -> int:
         if self.id is None:
-            self.id = launches.create(engine, self.origin, self.plan)
+            self.id = store.new_launch(self.origin, self.plan)
         return self.id
 
 
-def enqueue(engine: Engine, cells: Sequence[PlannedRun], req: LaunchRequest, stage: Stage | None = None) -> list[int]:
+def enqueue(store: RunStore, cells: Sequence[PlannedRun], req: LaunchRequest, stage: Stage | None = None) -> list[int]:
     """Create queued run rows (or reopen the interrupted run of a cell); return the ids to run, in order.
 
     New runs belong to ``stage`` (a launch of their own by default)."""
     ids = []
     stage = stage or Stage()
-    mirrors = req.mirrors if req.mirrors is not None else mirror_marks.default_mirrors(engine)
+    mirrors = req.mirrors if req.mirrors is not None else store.default_mirrors()
     outside = {"mirrors_json": json.dumps(mirrors) if mirrors else None,
                "on_end_json": json.dumps(req.on_end) if req.on_end else None,
                "placement_json": req.placement.to_json()}
@@ -83,16 +80,16 @@ def enqueue(engine: Engine, cells: Sequence[PlannedRun], req: LaunchRequest, sta
                           if cell.cell else req.rule) if req.rule else None
         try:
             if cell.run_id is None:  # (no backend looks at a queued run before its log path is set)
-                cell.run_id = store.create_run(engine, cell.cfg, world_size=req.placement.nproc,
-                                               git_commit=git_commit(), backend=req.backend, rule_json=rule,
-                                               launch_id=stage(engine), **outside)
-                store.update_run(engine, cell.run_id, log_path=str(paths.run_log(cell.run_id)))
-            elif not _reopen(engine, cell.run_id, stage, log_path=str(paths.run_log(cell.run_id)), backend=req.backend,
+                cell.run_id = store.create_run(cell.cfg, world_size=req.placement.nproc, git_commit=git_commit(),
+                                               backend=req.backend, rule_json=rule, launch_id=stage(store),
+                                               **outside)
+                store.update_run(cell.run_id, log_path=str(paths.run_log(cell.run_id)))
+            elif not _reopen(store, cell.run_id, stage, log_path=str(paths.run_log(cell.run_id)), backend=req.backend,
                              rule_json=rule, **outside):
-                cell.skip = f"run {cell.run_id} changed meanwhile (now {store.status_of(engine, cell.run_id)})"
+                cell.skip = f"run {cell.run_id} changed meanwhile (now {store.status_of(cell.run_id)})"
                 continue
         except states.ActiveTwin:  # another launch queued this config between our plan and now
-            active = [r for r, s in store.runs_with_config(engine, cell.cfg.config_hash) if s in states.ACTIVE]
+            active = [r for r, s in store.runs_with_config(cell.cfg.config_hash) if s in states.ACTIVE]
             cell.skip = f"already queued or running as run {active[0] if active else '?'} (another launch)"
             continue
         except AttnresError as exc:  # its last attempt's spool could not be recorded: left as it was
@@ -103,7 +100,7 @@ def enqueue(engine: Engine, cells: Sequence[PlannedRun], req: LaunchRequest, sta
     return ids
 
 
-def launch(engine: Engine, db_url: str, req: LaunchRequest, cells: Sequence[PlannedRun], *, detach: bool = False,
+def launch(store: RunStore, req: LaunchRequest, cells: Sequence[PlannedRun], *, detach: bool = False,
            on_queued: Callable[[list[int]], Callable[[], None] | None] | None = None,
            stage: Stage | None = None, more: Sequence[tuple[LaunchRequest, Sequence[PlannedRun]]] = ()
            ) -> tuple[list[int], Submitted]:
@@ -119,17 +116,17 @@ def launch(engine: Engine, db_url: str, req: LaunchRequest, cells: Sequence[Plan
         check_data(name, vocab)
     planned = [c for _, cs in batches for c in cs if not c.skip]
     stage = stage or Stage()
-    ids = [run_id for r, cs in batches for run_id in enqueue(engine, cs, r, stage)]
+    ids = [run_id for r, cs in batches for run_id in enqueue(store, cs, r, stage)]
     late = [f"{c.cfg.variant} seed={c.cfg.seed}: skip: {c.skip}" for c in planned if c.skip]
     if not ids:
         return ids, Submitted(late)
     tick = on_queued(ids) if on_queued else None
-    done = backends.get(req.backend).submit(engine, db_url, ids, req.placement, detach=detach, on_tick=tick)
+    done = backends.get(req.backend).submit(store, ids, req.placement, detach=detach, on_tick=tick)
     done.lines[:0] = late
     return ids, done
 
 
-def launch_plan(engine: Engine, db_url: str, batches: Sequence[tuple[LaunchRequest, Sequence[PlannedRun]]],
+def launch_plan(store: RunStore, batches: Sequence[tuple[LaunchRequest, Sequence[PlannedRun]]],
                 plan: dict, *, detach: bool = False,
                 on_queued: Callable[[list[int]], Callable[[], None] | None] | None = None,
                 ) -> tuple[list[int], Submitted]:
@@ -139,11 +136,11 @@ def launch_plan(engine: Engine, db_url: str, batches: Sequence[tuple[LaunchReque
     if not batches or all(c.skip for _, cells in batches for c in cells):
         return [], Submitted([])
     (req, cells), *more = batches
-    return launch(engine, db_url, req, cells, detach=detach, on_queued=on_queued, stage=Stage(launches.NEXT, plan),
+    return launch(store, req, cells, detach=detach, on_queued=on_queued, stage=Stage(launches.NEXT, plan),
                   more=more)
 
 
-def reopen(engine: Engine, run_ids: Sequence[int], restart: bool = False) -> list[str]:
+def reopen(store: RunStore, run_ids: Sequence[int], restart: bool = False) -> list[str]:
     """Queue interrupted runs again, to continue from their checkpoint; returns a line per run saying where it
     continues ("from step N", or "no checkpoint: starting over from step 0").
 
@@ -153,7 +150,7 @@ def reopen(engine: Engine, run_ids: Sequence[int], restart: bool = False) -> lis
     step it continues from are dropped now, so that `attnres status` never shows one attempt's step
     beside another's losses.
     """
-    runs = [store.get_run(engine, rid) for rid in run_ids]
+    runs = [store.run(rid) for rid in run_ids]
     for r in runs:
         if r.status not in states.RESUMABLE:
             raise AttnresError(f"run {r.id} is {r.status}; only {', '.join(states.RESUMABLE)} runs can be resumed")
@@ -165,28 +162,28 @@ def reopen(engine: Engine, run_ids: Sequence[int], restart: bool = False) -> lis
             raise AttnresError(f"run {r.id} ran on backend '{r.backend}', which this installation does not have")
     for r in runs:  # every spool first: a refusal then leaves no run reopened with nothing to start it
         try:
-            lifecycle.recover_now(engine, store.spool_path(r))
+            store.recover_now(r)
         except AttnresError as exc:
             raise AttnresError(f"run {r.id}: {exc}") from None
     stage = Stage(launches.RESUME)
     lines: list[str] = []
     for r in runs:
         try:
-            reopened = _reopen(engine, r.id, stage)
+            reopened = _reopen(store, r.id, stage)
         except states.ActiveTwin:
             raise AttnresError(f"run {r.id}'s config is already queued or running as another run") from None
         if not reopened:
-            raise AttnresError(f"run {r.id} changed meanwhile (now {store.status_of(engine, r.id)}); try again")
+            raise AttnresError(f"run {r.id} changed meanwhile (now {store.status_of(r.id)}); try again")
         from attnres.training import checkpoint  # (torch: only a resume needs it)
 
         folder = paths.checkpoints_dir(r.id)
-        hole = _first_hole(engine, r)
+        hole = _first_hole(store, r)
         at = None if restart else checkpoint.step_of(folder)
         if restart or (hole is not None and at is not None and at >= hole):  # retrain from before the first hole
             _set_aside(folder)
             at = None
-        store.drop_metrics_after(engine, r.id, -1 if at is None else at)
-        store.update_run(engine, r.id, step=at or 0, **({"started_at": None} if at is None else {}))
+        store.drop_metrics_after(r.id, -1 if at is None else at)
+        store.update_run(r.id, step=at or 0, **({"started_at": None} if at is None else {}))
         lines.append(f"run {r.id} ({r.variant}, seed {r.seed}): "
                      + ("starting over from step 0 (--restart; its checkpoints are set aside, kept)" if restart
                         else f"retraining the steps it lacks from step {hole}: no checkpoint before them, starting "
@@ -196,13 +193,11 @@ def reopen(engine: Engine, run_ids: Sequence[int], restart: bool = False) -> lis
     return lines
 
 
-def _first_hole(engine: Engine, r: object) -> int | None:
+def _first_hole(store: RunStore, r: RunRecord) -> int | None:
     """The first logged step an incomplete run lacks (None: not incomplete)."""
     if r.status != states.INCOMPLETE:
         return None
-    from attnres.tracking import completeness
-
-    found = completeness.holes(engine, r.id, r.config_json, r.total_steps)
+    found = store.holes(r)
     return min((a for rs in found.values() for a, _ in rs), default=None)
 
 
@@ -215,15 +210,15 @@ def _set_aside(folder: Path) -> None:
         folder.rename(aside)
 
 
-def resume(engine: Engine, db_url: str, run_ids: Sequence[int], *, detach: bool = False, restart: bool = False,
+def resume(store: RunStore, run_ids: Sequence[int], *, detach: bool = False, restart: bool = False,
            on_tick: Callable[[], None] | None = None) -> Submitted:
     """Continue interrupted runs from their last checkpoint (or from step 0: ``restart``), each through the
     backend it ran on (this machine's queue, a SLURM job, ...)."""
-    backends.reconcile(engine)  # the first command after a crash: runs whose processes died are ended first
-    lines = reopen(engine, run_ids, restart)
+    backends.reconcile(store)  # the first command after a crash: runs whose processes died are ended first
+    lines = reopen(store, run_ids, restart)
     for line in lines:
         say(line)  # before the queue starts (a foreground queue returns when the runs end)
-    runs = [store.get_run(engine, rid) for rid in run_ids]
+    runs = [store.run(rid) for rid in run_ids]
     done = Submitted(results=None)
     groups: dict[tuple[str, str], tuple[Placement, list[int]]] = {}  # one submission per backend and placement
     for r in runs:
@@ -231,33 +226,30 @@ def resume(engine: Engine, db_url: str, run_ids: Sequence[int], *, detach: bool 
         placement = backends.get(name).placement_of(r)
         groups.setdefault((name, placement.to_json()), (placement, []))[1].append(r.id)
     for (name, _), (placement, ids) in groups.items():
-        got = backends.get(name).resume(engine, db_url, ids, placement, detach=detach, on_tick=on_tick)
+        got = backends.get(name).resume(store, ids, placement, detach=detach, on_tick=on_tick)
         done.lines += got.lines
         if got.results is not None:
             done.results = {**(done.results or {}), **got.results}
     return done
 
 
-def kill(engine: Engine, run_ids: Sequence[int] | None) -> list[int]:
+def kill(store: RunStore, run_ids: Sequence[int] | None) -> list[int]:
     """Stop the given runs (None: every queued or running run) now; returns those stopped. (A run whose process
     already died, after a crash, is recorded killed too: as resumable as a failed one, and what was asked.)"""
-    ids = [r.id for r in store.active_runs(engine)] if run_ids is None else [store.get_run(engine, r).id
-                                                                              for r in run_ids]
-    return backends.kill(engine, ids)
+    ids = [r.id for r in store.active_runs()] if run_ids is None else [store.run(r).id for r in run_ids]
+    return backends.kill(store, ids)
 
 
-def reconcile(engine: Engine) -> list[int]:
+def reconcile(store: RunStore) -> list[int]:
     """Mark runs whose process or job is gone without an end as failed; returns them."""
-    return backends.reconcile(engine)
+    return backends.reconcile(store)
 
 
-def sync(engine: Engine, files: Sequence[Path] | None = None) -> list[tuple[Path, dict[str, int]]]:
+def sync(store: RunStore, files: Sequence[Path] | None = None) -> list[tuple[Path, dict[str, int]]]:
     """Ingest spools (default: every non-empty one under the logs folder) into the database."""
     done = []
     for path in files or paths.spools():
-        with lifecycle.recover(engine, path) as recovered:  # not while a queue, monitor or relaunch records it
+        with store.recover(path) as recovered:  # not while a queue, monitor or relaunch records it
             done.append((path, recovered.counts))
-    from attnres.tracking import completeness
-
-    completeness.recheck(engine, states.MONITOR)  # an incomplete run whose rows the spools held is finished
+    store.recheck(states.MONITOR)  # an incomplete run whose rows the spools held is finished
     return done

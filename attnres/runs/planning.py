@@ -19,19 +19,20 @@ import subprocess
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-
-from sqlalchemy import Engine
+from typing import TYPE_CHECKING
 
 from attnres import paths
-from attnres.config import RunConfig
+from attnres.config import EXPERIMENT_NAME, RunConfig
 from attnres.data.prepare import BUILTIN, ensure_builtin, read_manifest
 from attnres.errors import AttnresError
 from attnres.runs import DEFAULT_BACKEND, backends, grid
 from attnres.runs.backends import Placement
-from attnres.tracking import states, store
+from attnres.tracking import states
 from attnres.variants.registry import canonical, resolve_run
 
-EXPERIMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+if TYPE_CHECKING:
+    from attnres.tracking.run_store import RunStore
+
 # A seed every part of a run takes: torch.manual_seed and numpy's generators (the loader's) take 0 to 2**32 - 1,
 # the runs table's seed column (INTEGER: 32-bit signed in PostgreSQL) 2**31 - 1 at most.
 SEED_MAX = 2**31 - 1
@@ -107,8 +108,9 @@ def request(variants: list[str], seeds: list[int] | None, preset: str = "tiny", 
     fixed, sweep = grid.split_sweeps(list(overrides or []) + ([f"steps={steps}"] if steps is not None else []))
     req = LaunchRequest(names, seeds, preset, fixed, data, backend, placement, rule, force, experiment or "", sweep,
                         targets, command)
+    cells = req.cells()
     for v in names:  # every cell's config resolves (unknown preset or setting: one line now)
-        for cell in req.cells():
+        for cell in cells:
             resolve_run(v, preset, seeds[0], cell, data, req.experiment)
     return req
 
@@ -187,15 +189,15 @@ class PlannedRun:
     run_id: int | None = None  # an interrupted run of this config, continued from its checkpoint
 
 
-def plan(engine: Engine | None, req: LaunchRequest) -> list[PlannedRun]:
+def plan(store: RunStore | None, req: LaunchRequest) -> list[PlannedRun]:
     """Expand the grid; mark what already finished or runs with the same config (unless forced)."""
     swept = grid.cells(req.sweep)
     planned = [PlannedRun(resolve_run(v, req.preset, s, overrides, req.data, req.experiment), cell,
                           _given(overrides))
                for v in req.variants for cell, overrides in zip(swept, req.cells(), strict=True) for s in req.seeds]
-    if engine is not None and not req.force:
+    if store is not None and not req.force:
         for cell in planned:
-            prior = store.runs_with_config(engine, cell.cfg.config_hash)
+            prior = store.runs_with_config(cell.cfg.config_hash)
             done = [r for r, s in prior if s == states.FINISHED]
             active = [r for r, s in prior if s in states.ACTIVE]
             resumable = [r for r, s in prior if s in states.RESUMABLE]

@@ -7,15 +7,15 @@ import os
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Engine
-
 from attnres.durations import duration
 from attnres.runs import grid
-from attnres.tracking import completeness, listing, states
-from attnres.variants.registry import superseded
+from attnres.tracking import states
+from attnres.variants.registry import superseded_runs
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from attnres.tracking.run_store import RunStore
 
 
 def _fmt(x: float | None, spec: str) -> str:
@@ -26,7 +26,7 @@ RECENT = 20  # runs `attnres status` lists beside the active ones, unless --all
 KEYS = ["train_loss", "eval_loss", "tokens_per_s", "peak_memory_bytes"]
 
 
-def status_rows(engine: Engine, experiment: str | None = None, preset: str | None = None,
+def status_rows(store: RunStore, experiment: str | None = None, preset: str | None = None,
                 recent: int | None = RECENT) -> tuple[list[dict[str, object]], int]:
     """One row per run with its progress and latest metrics: every active run and the ``recent`` newest
     (None: every run) of one experiment or preset, or all; and how many runs match in all.
@@ -35,18 +35,18 @@ def status_rows(engine: Engine, experiment: str | None = None, preset: str | Non
     however many runs and metric rows the database holds. It only reads: :func:`reconcile` first brings the
     rows up to date.
     """
-    runs, total = listing.status_runs(engine, experiment, preset, recent)
-    last = listing.latest_values(engine, [int(r["id"]) for r in runs], KEYS)
+    runs, total = store.status_runs(experiment, preset, recent)
+    last = store.latest_values([int(r["id"]) for r in runs], KEYS)
     cells = grid.cell_labels([(r["experiment"], r["preset"], r["total_steps"]) for r in runs],
                              [str(r["variant"]) for r in runs], [grid.settings(r["config_json"]) for r in runs])
+    old = superseded_runs([(str(r["variant"]), str(r["config_json"])) for r in runs])
     rows = []
-    for r, cell in zip(runs, cells, strict=True):
+    for r, cell, old_revision in zip(runs, cells, old, strict=True):
         m = last[int(r["id"])]
         memory = m.get("peak_memory_bytes")
         rows.append({
             "run": r["id"], "experiment": r["experiment"],
-            "variant": str(r["variant"]) + (" (old revision)" if superseded(str(r["variant"]), str(r["config_json"]))
-                                            else ""),
+            "variant": str(r["variant"]) + (" (old revision)" if old_revision else ""),
             **({"settings": cell or "—"} if any(cells) else {}),
             "status": str(r["status"]) + (f" @{int(r['stop_step'])}" if r["stop_step"] is not None else "")
             + silent(r["status"], r["heartbeat_at"]),
@@ -79,7 +79,7 @@ def silent(status: object, heartbeat_at: object, now: datetime | None = None) ->
     return f" (no heartbeat for {duration(age)})" if age > limit else ""
 
 
-def reconcile(engine: Engine, experiment: str | None = None, preset: str | None = None,
+def reconcile(store: RunStore, experiment: str | None = None, preset: str | None = None,
               recent: int | None = RECENT) -> None:
     """What ``attnres status`` does before it reads, in one visible call: runs whose process or job is gone
     without an end are marked failed (their spools read first), and the finished runs it will show are
@@ -88,12 +88,12 @@ def reconcile(engine: Engine, experiment: str | None = None, preset: str | None 
     The backends (and the ORM they write through) are imported only when some run is active: a
     finished grid's status needs neither.
     """
-    if listing.any_active(engine):
+    if store.any_active():
         from attnres.runs import backends
 
-        backends.reconcile(engine)
-    runs, _ = listing.status_runs(engine, experiment, preset, recent)
-    completeness.check(engine, runs, states.MONITOR)
+        backends.reconcile(store)
+    runs, _ = store.status_runs(experiment, preset, recent)
+    store.check_complete(runs, states.MONITOR)
 
 
 def _cell(run: pd.Series, now: datetime) -> str:
@@ -110,13 +110,11 @@ def _cell(run: pd.Series, now: datetime) -> str:
     return text
 
 
-def grid_rows(engine: Engine, experiment: str | None = None,
+def grid_rows(store: RunStore, experiment: str | None = None,
               preset: str | None = None) -> tuple[list[str], list[list[str]]]:
     """Variant rows x seed columns (per experiment); each cell is the latest run of that pair."""
-    from attnres.tracking import store  # (the ORM and pandas: the live grid's, not `attnres status`'s)
-
-    runs = store.runs_frame(engine, experiment=experiment, preset=preset)
-    now = store.now()
+    runs = store.runs_frame(experiment=experiment, preset=preset)  # (the ORM and pandas: not `attnres status`'s)
+    now = states.now()
     if runs.empty:
         return ["variant"], [["no runs yet"]]
     seeds = sorted(runs["seed"].unique())
@@ -146,12 +144,12 @@ def slot_waits(rows: list[dict[str, object]]) -> list[str]:
     return [f"queued runs wait for a run slot; held: {h.text()}" for h in held]
 
 
-def why_notes(engine: Engine, rows: list[dict[str, object]]) -> list[str]:
+def why_notes(store: RunStore, rows: list[dict[str, object]]) -> list[str]:
     """Why each shown run that ended short of finished did (failed, incomplete, diverged, stopped): the first line
     of its recorded message, which names what to do where there is something (``attnres resume``, ``sync``)."""
     short = {int(r["run"]): str(r["status"]).split()[0] for r in rows
              if str(r["status"]).split()[0] in (states.FAILED, states.INCOMPLETE, states.DIVERGED, states.STOPPED)}
-    found = listing.messages(engine, list(short))
+    found = store.messages(list(short))
     return [f"run {rid} {short[rid]}: {found[rid].splitlines()[0][:300]}" for rid in sorted(found)]
 
 

@@ -40,6 +40,14 @@ def normalize_url(db: str | None) -> str:
     return url.render_as_string(hide_password=False)
 
 
+def public_url(url: str) -> str:
+    """A database URL without user name or password (what shared documents may show)."""
+    from sqlalchemy.engine import URL, make_url
+
+    u = make_url(url)
+    return URL.create(u.drivername, host=u.host, port=u.port, database=u.database, query=u.query).render_as_string()
+
+
 def sqlite_path(db: str | None) -> Path | None:
     """The file of a SQLite database URL or path (None for other databases)."""
     url = normalize_url(db)

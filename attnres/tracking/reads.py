@@ -16,7 +16,7 @@ from sqlalchemy import Engine, func, select
 from attnres.tracking import depth_maps, store
 from attnres.tracking.schema import Metric, MetricKey, MetricSummary
 from attnres.tracking.states import EARLY
-from attnres.variants.registry import superseded
+from attnres.variants.registry import superseded_runs
 
 CURVE_POINTS = 200
 FULL_CURVES_UP_TO = 200_000  # eval rows; above this, curves are thinned
@@ -118,7 +118,7 @@ def load_results(engine: Engine, variants: list[str] | None = None, step: int | 
     runs = store.runs_frame(engine) if runs is None else runs
     if variants is not None:
         runs = runs[runs["variant"].isin(variants)]
-    old = [superseded(v, c) for v, c in zip(runs["variant"], runs["config_json"], strict=True)]
+    old = superseded_runs(list(zip(runs["variant"], runs["config_json"], strict=True)))
     old_runs = runs.loc[old, ["id", "variant", "seed"]].reset_index(drop=True)
     runs = runs.loc[[not o for o in old]]
     ids = runs["id"].astype(int).tolist()

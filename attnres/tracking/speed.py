@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 from sqlalchemy import Engine, func, insert, select
 
 from attnres.tracking import store
 from attnres.tracking.schema import Benchmark
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: What a throughput depends on, in the order a report names them.
 CONDITIONS = ("device", "world_size", "threads", "compile", "dtype")
@@ -63,5 +65,7 @@ def benchmarks(engine: Engine, preset: str | None = None) -> pd.DataFrame:
     q = select(*[getattr(Benchmark, c) for c in BENCH_COLUMNS]).order_by(Benchmark.session, Benchmark.id)
     if preset is not None:
         q = q.where(Benchmark.preset == preset)
+    import pandas as pd  # (a report's: the trainer records its conditions without pandas)
+
     with engine.connect() as conn:
         return pd.DataFrame([tuple(r) for r in conn.execute(q).all()], columns=BENCH_COLUMNS)

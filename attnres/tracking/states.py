@@ -29,6 +29,7 @@ part of attnres calls to change a state.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import NamedTuple
 
 from sqlalchemy import Engine, insert, select, text, update
@@ -65,6 +66,11 @@ INITIAL: dict[str, frozenset[str]] = {
     IMPORTER: frozenset(STATES),
     RESTORER: frozenset(STATES),
 }
+
+
+def now() -> datetime:
+    """The time as runs record it: UTC, without a zone (SQLite keeps no zone)."""
+    return datetime.now(UTC).replace(tzinfo=None)
 
 
 class TransitionError(ValueError):

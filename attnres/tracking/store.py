@@ -8,7 +8,7 @@ run/key/step), so replaying a batch after a retry records each value exactly onc
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from itertools import chain, repeat
 from operator import itemgetter
 from pathlib import Path
@@ -27,13 +27,10 @@ from attnres.runs import grid
 from attnres.tracking import depth_maps, states
 from attnres.tracking.db import db_identity
 from attnres.tracking.schema import DepthWeight, Metric, MetricKey, MetricSummary, Run
+from attnres.tracking.states import now
 
 if TYPE_CHECKING:
     import pandas as pd  # imported where a frame is made: `attnres status` does without it
-
-
-def now() -> datetime:
-    return datetime.now(UTC).replace(tzinfo=None)
 
 
 def create_run(engine: Engine, cfg: RunConfig, world_size: int = 1, git_commit: str | None = None,

@@ -49,8 +49,8 @@ import pandas as pd
 from sqlalchemy import Engine
 
 from attnres import outputs
+from attnres.config import EXPERIMENT_NAME
 from attnres.errors import AttnresError
-from attnres.runs.planning import EXPERIMENT_NAME
 from attnres.tracking import depth_maps, imports, states, store
 from attnres.variants.registry import canonical
 

@@ -11,15 +11,16 @@ import json
 import os
 import socket
 import threading
-
-from sqlalchemy import Engine
-from sqlalchemy.exc import SQLAlchemyError
+from typing import TYPE_CHECKING
 
 from attnres.errors import AttnresError
 from attnres.logline import say
-from attnres.tracking import lifecycle, on_end, speed, states, store
-from attnres.tracking.writer import MetricWriter
+from attnres.tracking import on_end, speed, states
+from attnres.tracking.run_store import DatabaseError, RunStore
 from attnres.training.loop import Ending
+
+if TYPE_CHECKING:
+    from attnres.tracking.writer import MetricWriter
 
 HEARTBEAT_S = 5.0
 
@@ -44,16 +45,16 @@ class Heartbeat(threading.Thread):
 
     def run(self) -> None:
         while not self.stopped.wait(self.every):
-            self.writer.update_run(heartbeat_at=store.now())
+            self.writer.update_run(heartbeat_at=states.now())
 
 
 class RunRecorder:
     """The :class:`attnres.training.loop.Recorder` of rank 0 for a run recorded in the database."""
 
-    def __init__(self, engine: Engine, run_id: int, world_size: int = 1, device: str | None = None,
+    def __init__(self, store: RunStore, run_id: int, world_size: int = 1, device: str | None = None,
                  conditions: dict[str, object] | None = None) -> None:
-        self.engine, self.run_id = engine, run_id
-        run = store.get_run(engine, run_id)
+        self.store, self.run_id = store, run_id
+        run = store.run(run_id)
         self.rule = json.loads(run.rule_json) if run.rule_json else None
         self.scope = {"experiment": run.experiment, "preset": run.preset, "total_steps": run.total_steps}
         specs = json.loads(run.mirrors_json) if run.mirrors_json else []
@@ -61,12 +62,12 @@ class RunRecorder:
         if specs:
             from attnres.mirrors.sender import Sender
 
-            sender = Sender(engine, run_id, specs)
-        self.writer = MetricWriter(engine, run_id, store.spool_path(run), mirror=sender)
+            sender = Sender(store, run_id, specs)
+        self.writer = store.writer(run, mirror=sender)
         # what an earlier attempt could not write, under the spool lock: no monitor judges the run before we start
-        with lifecycle.recover(engine, self.writer.spool):
-            self.writer.keep_snapshot(store.run_fields(engine, run_id))  # should the database be lost
-            self.writer.transition(states.RUNNING, started_at=store.now(), heartbeat_at=store.now(),
+        with store.recover(run):
+            self.writer.keep_snapshot(store.run_fields(run_id))  # should the database be lost
+            self.writer.transition(states.RUNNING, started_at=states.now(), heartbeat_at=states.now(),
                                    pid=os.getpid(), host=socket.gethostname(), world_size=world_size, device=device,
                                    **({"conditions_json": speed.merged(run.conditions_json, conditions, run.step > 0)}
                                       if conditions else {}))
@@ -95,9 +96,9 @@ class RunRecorder:
         if r is None or step != r["at_step"]:
             return None
         try:
-            base = store.eval_at_step(self.engine, r["baseline"], step=step, exclude=self.run_id,
-                                      settings=r.get("settings"), **self.scope)
-        except SQLAlchemyError:
+            base = self.store.eval_at_step(r["baseline"], step=step, exclude=self.run_id,
+                                           settings=r.get("settings"), **self.scope)
+        except DatabaseError:
             return None  # the database is away: no verdict, training goes on
         if base is None or eval_loss <= base + r["by"]:
             return None
@@ -107,7 +108,7 @@ class RunRecorder:
     # -- the end ------------------------------------------------------------------------------------
     def finish(self, ending: Ending) -> bool:
         """Record how the loop ended; True if the database holds everything."""
-        fields: dict[str, object] = {"ended_at": store.now(), "exit_code": 0, "step": ending.step}
+        fields: dict[str, object] = {"ended_at": states.now(), "exit_code": 0, "step": ending.step}
         if ending.status in (states.DIVERGED, states.STOPPED):
             fields |= {"stop_step": ending.step, "message": ending.message}
         elif ending.status == states.PREEMPTED:
@@ -116,7 +117,7 @@ class RunRecorder:
 
     def fail(self, exc: BaseException) -> bool:
         """Record that training raised ``exc``."""
-        return self._end(states.FAILED, {"ended_at": store.now(), "exit_code": 1,
+        return self._end(states.FAILED, {"ended_at": states.now(), "exit_code": 1,
                                           "message": f"{type(exc).__name__}: {exc}"[:2000]})
 
     def _end(self, status: str, fields: dict[str, object]) -> bool:
@@ -132,10 +133,10 @@ class RunRecorder:
         return ok
 
 
-def open_recorder(engine: Engine, run_id: int, world_size: int, device: str | None = None,
+def open_recorder(store: RunStore, run_id: int, world_size: int, device: str | None = None,
                   conditions: dict[str, object] | None = None) -> RunRecorder:
     """Rank 0's recorder; a database that cannot be read at start is one clear error."""
     try:
-        return RunRecorder(engine, run_id, world_size, device, conditions)
-    except SQLAlchemyError as exc:
+        return RunRecorder(store, run_id, world_size, device, conditions)
+    except DatabaseError as exc:
         raise AttnresError(f"cannot record run {run_id}: {str(exc).splitlines()[0]}") from None

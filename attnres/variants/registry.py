@@ -219,6 +219,11 @@ def superseded(variant: str, config_json: str) -> bool:
     return int(config.get("revision", 1)) < VARIANTS[variant].revision
 
 
+def superseded_runs(runs: list[tuple[str, str]]) -> list[bool]:
+    """:func:`superseded` of each (variant, config JSON): a listing asks once for all its rows."""
+    return [superseded(variant, config_json) for variant, config_json in runs]
+
+
 def check_revision(cfg: RunConfig, run_id: int | str) -> None:
     """Refuse to train a recorded run whose variant has changed since it was recorded."""
     current = get_variant(cfg.variant).revision

@@ -23,13 +23,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine
-from sqlalchemy.exc import SQLAlchemyError
-
 from attnres.errors import AttnresError, unknown
 from attnres.runs import DEFAULT_BACKEND
-from attnres.tracking import lifecycle, spool, states, store
-from attnres.tracking.schema import Run
+from attnres.tracking import states
+from attnres.tracking.run_store import DatabaseError, RunRecord, RunStore
 
 #: name -> "module:Class" (imported when first used, so a backend's dependencies stay optional)
 REGISTRY: dict[str, str] = {
@@ -75,13 +72,13 @@ _ATTEMPT = ("pid", "agent_pid", "job_id")
 HEARTBEAT_SILENCE_S = 30.0  # a run that beats every 5 s and was not heard from for this long is gone
 
 
-def silence(run: Run) -> str | None:
+def silence(run: RunRecord) -> str | None:
     """Why a running run looks dead from its heartbeat alone (``$ATTNRES_STALE_AFTER_S``), or None.
 
     Only for runs whose process cannot be looked at: a run on another host, or a cluster job.
     """
     limit = float(os.environ.get("ATTNRES_STALE_AFTER_S", HEARTBEAT_SILENCE_S))
-    if run.heartbeat_at is None or (store.now() - run.heartbeat_at).total_seconds() <= limit:
+    if run.heartbeat_at is None or (states.now() - run.heartbeat_at).total_seconds() <= limit:
         return None
     return f"no heartbeat from {run.host} for more than {limit:g} s\n{log_tail(run.log_path)}"
 
@@ -136,18 +133,18 @@ class Backend:
     def check(self, placement: Placement) -> None:
         """Refuse, with one clear line (AttnresError), a placement this backend cannot honour."""
 
-    def submit(self, engine: Engine, db_url: str, run_ids: Sequence[int], placement: Placement, *,
+    def submit(self, store: RunStore, run_ids: Sequence[int], placement: Placement, *,
                detach: bool = False, on_tick: Callable[[], None] | None = None) -> Submitted:
         """Make the queued runs' trainers run (in order); wait for them unless ``detach``."""
         raise NotImplementedError
 
-    def resume(self, engine: Engine, db_url: str, run_ids: Sequence[int], placement: Placement, *,
+    def resume(self, store: RunStore, run_ids: Sequence[int], placement: Placement, *,
                detach: bool = False, on_tick: Callable[[], None] | None = None) -> Submitted:
         """Make reopened runs (queued again by ``attnres resume``) run; each trainer continues from its run's last
         checkpoint. A backend that places a run differently on its second attempt overrides this."""
-        return self.submit(engine, db_url, run_ids, placement, detach=detach, on_tick=on_tick)
+        return self.submit(store, run_ids, placement, detach=detach, on_tick=on_tick)
 
-    def placement_of(self, run: Run) -> Placement:
+    def placement_of(self, run: RunRecord) -> Placement:
         """How to place a run again on a resume: as its launch placed it (recorded with the run); a run recorded
         before placements were (schema 0010) gets as many ranks as its first attempt had, the defaults otherwise."""
         if run.placement_json:
@@ -161,7 +158,7 @@ class Backend:
         """What submitting the run would execute, as lines to show (``--dry-run``): its trainer command here."""
         return [shlex.join(trainer_command(run_id, db_url, placement.nproc))]
 
-    def logs(self, engine: Engine, run: Run, lines: int = 40, follow: bool = False) -> Iterator[str]:
+    def logs(self, store: RunStore, run: RunRecord, lines: int = 40, follow: bool = False) -> Iterator[str]:
         """The last ``lines`` lines of the run's log, then (``follow``) new ones until the run is no longer
         queued or running. The log is the file the run records (its job's output file on a cluster: on a
         file system this machine shares). AttnresError when there is none (yet, or any more)."""
@@ -176,19 +173,19 @@ class Backend:
                 if line:
                     yield line.rstrip("\n")
                     continue
-                if store.status_of(engine, run.id) not in states.ACTIVE:
+                if store.status_of(run.id) not in states.ACTIVE:
                     return
                 time.sleep(0.5)
 
-    def poll(self, runs: Sequence[Run]) -> dict[int, tuple[str, str]]:
+    def poll(self, runs: Sequence[RunRecord]) -> dict[int, tuple[str, str]]:
         """For each run: (ALIVE | GONE | UNKNOWN, why), from what this backend can see of it now."""
         raise NotImplementedError
 
-    def kill(self, run: Run) -> None:
+    def kill(self, run: RunRecord) -> None:
         """Stop the run's processes (or job) now. Its state was already set to killed."""
         raise NotImplementedError
 
-    def reconcile(self, engine: Engine, runs: Sequence[Run]) -> list[int]:
+    def reconcile(self, store: RunStore, runs: Sequence[RunRecord]) -> list[int]:
         """Mark this backend's active runs whose process or job is gone as failed (monitor).
 
         Its spool is read first: an end the trainer recorded there (the database was away) wins over
@@ -201,18 +198,17 @@ class Backend:
             if verdict != GONE:
                 continue
             try:
-                path = store.spool_path(run)
-                with lifecycle.recover(engine, path, wait=False) as recovered:  # held from our look to the verdict
+                with store.recover(run, wait=False) as recovered:  # held from our look to the verdict
                     if not recovered.held:  # it is changing hands now (a relaunch, its queue, its trainer starting)
                         continue
-                    now = store.get_run(engine, run.id)
+                    now = store.run(run.id)
                     if any(getattr(now, col) != getattr(run, col) for col in (*_ATTEMPT, "started_at", "host")):
                         continue  # another attempt, or the trainer's own word since: judged again next time
                     seen = {col: getattr(run, col) for col in _ATTEMPT}
-                    if lifecycle.move(engine, run.id, states.FAILED, states.MONITOR, where=seen,
-                                      ended_at=store.now(), message=why):
+                    if store.move(run.id, states.FAILED, states.MONITOR, where=seen, ended_at=states.now(),
+                                  message=why):
                         dead.append(run.id)
-            except (SQLAlchemyError, AttnresError, OSError):
+            except (DatabaseError, AttnresError, OSError):
                 continue
         return dead
 
@@ -250,22 +246,22 @@ def _typed(value: object, spec: Any, flag: str) -> object:
     return value
 
 
-def backend_of(run: Run) -> str:
+def backend_of(run: RunRecord) -> str:
     """The backend a run was recorded with (a run from before backends were recorded: the default)."""
     return run.backend or DEFAULT_BACKEND
 
 
-def reconcile(engine: Engine) -> list[int]:
+def reconcile(store: RunStore) -> list[int]:
     """Every backend's check of the active runs it owns; returns the runs found dead."""
-    runs = store.active_runs(engine)
+    runs = store.active_runs()
     dead: list[int] = []
     for name in sorted({backend_of(r) for r in runs}):
         if name in REGISTRY:
-            dead += get(name).reconcile(engine, [r for r in runs if backend_of(r) == name])
+            dead += get(name).reconcile(store, [r for r in runs if backend_of(r) == name])
     return dead
 
 
-def kill(engine: Engine, run_ids: Sequence[int]) -> list[int]:
+def kill(store: RunStore, run_ids: Sequence[int]) -> list[int]:
     """Stop runs now: stop their processes through their backend (a checkpoint first, where the trainer can),
     then mark them killed (user).
 
@@ -274,17 +270,16 @@ def kill(engine: Engine, run_ids: Sequence[int]) -> list[int]:
     """
     killed = []
     for rid in run_ids:
-        run = store.get_run(engine, rid)
+        run = store.run(rid)
         # Signals first, the record after, all under the run's spool lock: a resume (which reopens the run
         # under the same lock) waits until the old processes are gone, so no two attempts write one spool.
-        with spool.held(store.spool_path(run)):
-            run = store.get_run(engine, rid)
+        with store.hold(run):
+            run = store.run(rid)
             if run.status not in states.sources(states.USER, states.KILLED):
                 continue
             if run.status in states.ACTIVE and backend_of(run) in REGISTRY:  # (an imported run has no
                 get(backend_of(run)).kill(run)  # process here; a preempted one has none)
-            if lifecycle.move(engine, rid, states.KILLED, states.USER, ended_at=store.now(),
-                                 message="killed by attnres kill"):
+            if store.move(rid, states.KILLED, states.USER, ended_at=states.now(), message="killed by attnres kill"):
                 killed.append(rid)
     return killed
 

@@ -27,8 +27,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
-from sqlalchemy import Engine
-from sqlalchemy.exc import SQLAlchemyError
 
 from attnres import paths
 from attnres.durations import duration
@@ -49,9 +47,8 @@ from attnres.runs.backends import (
 from attnres.runs.backends.devices import gpu_driver_loaded, threads_per_process, visible_gpus
 from attnres.runs.backends.processes import kill_grace_s, kill_tree, process_alive
 from attnres.runs.backends.slots import Slots
-from attnres.tracking import completeness, lifecycle, states, store
-from attnres.tracking.db import check_location, get_engine, normalize_url
-from attnres.tracking.schema import Run
+from attnres.tracking import states
+from attnres.tracking.run_store import DatabaseError, RunRecord, RunStore
 
 
 @dataclass
@@ -88,9 +85,9 @@ def nap(jobs: Sequence[Job], seconds: float) -> None:
         time.sleep(seconds)
 
 
-def start(engine: Engine, db_url: str, run_id: int, nproc: int, slots: list[str]) -> Job:
+def start(store: RunStore, db_url: str, run_id: int, nproc: int, slots: list[str]) -> Job:
     """Start one run's torchrun in its own session, output appended to the run's log."""
-    run = store.get_run(engine, run_id)
+    run = store.run(run_id)
     log = Path(run.log_path) if run.log_path else paths.run_log(run_id)
     log.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
@@ -104,11 +101,11 @@ def start(engine: Engine, db_url: str, run_id: int, nproc: int, slots: list[str]
     with log.open("ab") as fh:
         proc = subprocess.Popen(trainer_command(run_id, db_url, nproc), stdout=fh, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-    store.update_run(engine, run_id, agent_pid=proc.pid)
+    store.update_run(run_id, agent_pid=proc.pid)
     return Job(proc, log, slots)
 
 
-def settle(engine: Engine, run_id: int, returncode: int, log: Path, pid: int | None = None) -> str:
+def settle(store: RunStore, run_id: int, returncode: int, log: Path, pid: int | None = None) -> str:
     """Record the end of a run whose process ``pid`` exited; returns its final status.
 
     A run re-queued meanwhile (a relaunch or resume) belongs to its new process: left alone. A
@@ -116,58 +113,58 @@ def settle(engine: Engine, run_id: int, returncode: int, log: Path, pid: int | N
     ``attnres sync``): the queue goes on.
     """
     try:
-        check_location(engine)
-        path = store.spool_path(store.get_run(engine, run_id))
+        store.check_location()
+        run = store.run(run_id)
+
         def still_ours() -> bool:  # a run re-queued meanwhile is its new process's, and so is its spool
-            return pid is None or store.get_run(engine, run_id).agent_pid == pid
+            return pid is None or store.run(run_id).agent_pid == pid
 
         # the run's own last word, if it could not reach the database; a relaunch cannot reopen the run
         # between the check and the end below
-        with lifecycle.recover(engine, path, only_if=still_ours, keep_going=True) as recovered:
+        with store.recover(run, only_if=still_ours, keep_going=True) as recovered:
             if not recovered.read:
-                return store.get_run(engine, run_id).status
+                return store.run(run_id).status
             if recovered.error is not None:
                 say(f"attnres: run {run_id}: {recovered.error}", err=True)
             how = (f"killed by signal {-returncode} ({signal.Signals(-returncode).name})" if returncode < 0
                    and -returncode in signal.Signals._value2member_map_ else f"exited with code {returncode}")
             ours = {"agent_pid": pid} if pid is not None else None  # still this process's run (no relaunch since)
-            if lifecycle.move(engine, run_id, states.FAILED, states.SUPERVISOR, where=ours, ended_at=store.now(),
-                              exit_code=returncode,
-                              message=f"process {how} without recording an end\n{log_tail(log)}"):
+            if store.move(run_id, states.FAILED, states.SUPERVISOR, where=ours, ended_at=states.now(),
+                          exit_code=returncode, message=f"process {how} without recording an end\n{log_tail(log)}"):
                 return states.FAILED
-            run = store.get_run(engine, run_id)
+            run = store.run(run_id)
             if run.exit_code is None or (returncode != 0 and run.exit_code == 0):
-                store.update_run(engine, run_id, where=ours, exit_code=returncode)
+                store.update_run(run_id, where=ours, exit_code=returncode)
             if run.status == states.FINISHED:  # a finished run is a complete run: else incomplete, holes named
-                completeness.check(engine, [{"id": run.id, "status": run.status, "total_steps": run.total_steps,
-                                             "config_json": run.config_json}], states.SUPERVISOR)
-            return store.status_of(engine, run_id)
-    except (SQLAlchemyError, OSError, AttnresError) as exc:
+                store.check_complete([{"id": run.id, "status": run.status, "total_steps": run.total_steps,
+                                       "config_json": run.config_json}], states.SUPERVISOR)
+            return store.status_of(run_id)
+    except (DatabaseError, OSError, AttnresError) as exc:
         say(f"attnres: cannot record how run {run_id} ended ({str(exc).splitlines()[0][:200]}); its spool keeps "
             "what it wrote: `attnres sync` records it", err=True)
         return "unknown"
 
 
-def run_queue(engine: Engine, db: str | None, run_ids: Sequence[int], nproc: int = 1, gpus_per_run: int = 1,
+def run_queue(store: RunStore, run_ids: Sequence[int], nproc: int = 1, gpus_per_run: int = 1,
               on_tick: Callable[[], None] | None = None, poll: float = 0.5) -> dict[int, str]:
     """Run the given queued runs to completion, each when its slots are free; returns {run_id: end state}.
 
     Interrupted (Ctrl-C, or SIGTERM to a detached queue), it stops its runs with a checkpoint
     (preempted), marks those not started preempted too, and raises :class:`QueueStopped`.
     """
-    url = normalize_url(db)
+    url = store.url
     gpus = visible_gpus()
     per_run = gpus_per_run if gpus else 1
     if gpus and per_run > len(gpus):
         raise AttnresError(f"--gpus-per-run {per_run} but this machine has {len(gpus)} GPU(s)")
     slots = Slots(gpus, url)
-    claim(engine, run_ids)
+    claim(store, run_ids)
     pending, active, results = deque(run_ids), {}, {}
     waiting = Waiting()
     try:
         while pending or active:
             while pending:
-                status = store.status_of(engine, pending[0])
+                status = store.status_of(pending[0])
                 if status != states.QUEUED:  # killed (or started elsewhere) while waiting
                     results[pending.popleft()] = status
                     continue
@@ -178,12 +175,12 @@ def run_queue(engine: Engine, db: str | None, run_ids: Sequence[int], nproc: int
                     break
                 waiting.clear()
                 rid = pending.popleft()
-                active[rid] = start(engine, url, rid, per_run if gpus else nproc, taken)
+                active[rid] = start(store, url, rid, per_run if gpus else nproc, taken)
             if not pending:
                 slots.done_waiting()
             for rid, job in list(active.items()):
                 if job.proc.poll() is not None:
-                    results[rid] = settle(engine, rid, job.proc.returncode, job.log, job.proc.pid)
+                    results[rid] = settle(store, rid, job.proc.returncode, job.log, job.proc.pid)
                     slots.give(job.slots)
                     job.close()
                     del active[rid]
@@ -192,18 +189,18 @@ def run_queue(engine: Engine, db: str | None, run_ids: Sequence[int], nproc: int
             if pending or active:
                 nap(list(active.values()), poll)
     except KeyboardInterrupt:
-        raise _stop(engine, active, pending, slots, results) from None
+        raise _stop(store, active, pending, slots, results) from None
     finally:
         slots.done_waiting()
     return results
 
 
-def claim(engine: Engine, run_ids: Sequence[int]) -> None:
+def claim(store: RunStore, run_ids: Sequence[int]) -> None:
     """Record this process as the queue of its queued runs (host, pid, start time), so that a monitor can tell
     when it died with runs still waiting (:meth:`LocalBackend.reconcile`)."""
     since = datetime.fromtimestamp(psutil.Process().create_time(), UTC).replace(tzinfo=None)
     for rid in run_ids:
-        store.update_run(engine, rid, where={"status": states.QUEUED}, queue_host=socket.gethostname(),
+        store.update_run(rid, where={"status": states.QUEUED}, queue_host=socket.gethostname(),
                          queue_pid=os.getpid(), queue_since=since)
 
 
@@ -239,7 +236,7 @@ class Waiting:
 GRACE_S = 120  # how long a stopped run may take to write its checkpoint before it is killed
 
 
-def _stop(engine: Engine, active: dict[int, Job], pending: deque[int], slots: Slots,
+def _stop(store: RunStore, active: dict[int, Job], pending: deque[int], slots: Slots,
           results: dict[int, str]) -> QueueStopped:
     """Stop the queue: running runs checkpoint and end preempted; runs not started become preempted."""
     for job in active.values():
@@ -255,23 +252,23 @@ def _stop(engine: Engine, active: dict[int, Job], pending: deque[int], slots: Sl
         pass
     for rid, job in active.items():
         if job.proc.poll() is None:
-            kill_tree(job.proc.pid, store.get_run(engine, rid).pid)
+            kill_tree(job.proc.pid, store.run(rid).pid)
             job.proc.wait()
-        results[rid] = settle(engine, rid, job.proc.returncode, job.log, job.proc.pid)
+        results[rid] = settle(store, rid, job.proc.returncode, job.log, job.proc.pid)
         slots.give(job.slots)
         job.close()
     for rid in pending:
-        lifecycle.move(engine, rid, states.PREEMPTED, states.SUPERVISOR,
+        store.move(rid, states.PREEMPTED, states.SUPERVISOR,
                        message="not started: its queue was stopped; `attnres resume` or a relaunch starts it")
-        results[rid] = store.status_of(engine, rid)
+        results[rid] = store.status_of(rid)
     return QueueStopped(results)
 
 
-def start_detached(db: str | None, run_ids: Sequence[int], nproc: int, gpus_per_run: int) -> int:
+def start_detached(db_url: str, run_ids: Sequence[int], nproc: int, gpus_per_run: int) -> int:
     """Start the queue in the background (new session, output to a log); return its pid."""
     log = paths.queue_log(run_ids[0])
     log.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "attnres.runs.backends.local", "--db", normalize_url(db), "--nproc", str(nproc),
+    cmd = [sys.executable, "-m", "attnres.runs.backends.local", "--db", db_url, "--nproc", str(nproc),
            "--gpus-per-run", str(gpus_per_run), "--runs", *map(str, run_ids)]
     with log.open("ab") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -308,17 +305,17 @@ class LocalBackend(Backend):
         return (f"--gpus-per-run {gpus}: this machine has no GPU, so each run trains on CPU "
                 f"with {placement.nproc} process(es) (--nproc)")
 
-    def submit(self, engine: Engine, db_url: str, run_ids: Sequence[int], placement: Placement, *,
+    def submit(self, store: RunStore, run_ids: Sequence[int], placement: Placement, *,
                detach: bool = False, on_tick: Callable[[], None] | None = None) -> Submitted:
         if detach:
-            pid = start_detached(db_url, run_ids, placement.nproc, placement.option("gpus_per_run", 1))
+            pid = start_detached(store.url, run_ids, placement.nproc, placement.option("gpus_per_run", 1))
             return Submitted([f"queued runs {', '.join(map(str, run_ids))}; queue running in the background "
                               f"(pid {pid}); follow with `attnres status --watch` or `attnres logs RUN -f`"])
-        results = run_queue(engine, db_url, run_ids, placement.nproc, placement.option("gpus_per_run", 1),
+        results = run_queue(store, run_ids, placement.nproc, placement.option("gpus_per_run", 1),
                             on_tick=on_tick)
         return Submitted(results=results)
 
-    def poll(self, runs: Sequence[Run]) -> dict[int, tuple[str, str]]:
+    def poll(self, runs: Sequence[RunRecord]) -> dict[int, tuple[str, str]]:
         """A run on this host is alive while its trainer (or torchrun) process is (the process that
         started before the run did, not a later one that reused its pid); on another host while its
         heartbeat is fresh. Heartbeat age alone never condemns a run on this host: a database locked
@@ -336,24 +333,24 @@ class LocalBackend(Backend):
                 out[run.id] = (GONE, why) if why else (ALIVE, "")
         return out
 
-    def reconcile(self, engine: Engine, runs: Sequence[Run]) -> list[int]:
+    def reconcile(self, store: RunStore, runs: Sequence[RunRecord]) -> list[int]:
         """As every backend's (running runs whose process is gone fail), and: a queued run whose queue died on
         this host (a SIGKILL, a power cut) is set aside as preempted, which `attnres resume` and a relaunch
         continue, instead of waiting forever for a queue that will never start it."""
-        dead = super().reconcile(engine, runs)
+        dead = super().reconcile(store, runs)
         host = socket.gethostname()
         for run in runs:
             if (run.status != states.QUEUED or not run.queue_pid or run.queue_host != host
                     or process_alive(run.queue_pid, since=run.queue_since)):
                 continue
             seen = {"queue_pid": run.queue_pid, "status": states.QUEUED}
-            if lifecycle.move(engine, run.id, states.PREEMPTED, states.MONITOR, where=seen,
-                              message=f"not started: its queue (pid {run.queue_pid}) is gone; `attnres resume "
-                                      f"{run.id}` (or the same launch again) starts it"):
+            if store.move(run.id, states.PREEMPTED, states.MONITOR, where=seen,
+                          message=f"not started: its queue (pid {run.queue_pid}) is gone; `attnres resume "
+                                  f"{run.id}` (or the same launch again) starts it"):
                 dead.append(run.id)
         return dead
 
-    def kill(self, run: Run) -> None:
+    def kill(self, run: RunRecord) -> None:
         """SIGTERM first (torchrun passes it to the trainer, which saves a checkpoint at the end of its step,
         so `attnres resume` continues from there), SIGKILL for whatever is left after ``kill_grace_s()``."""
         trainer = run.pid if run.host == socket.gethostname() else None
@@ -382,10 +379,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nproc", type=int, default=1)
     p.add_argument("--gpus-per-run", type=int, default=1)
     args = p.parse_args(argv)
-    engine = get_engine(args.db)
+    store = RunStore(args.db)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a detached queue stops as on Ctrl-C
     try:
-        results = run_queue(engine, args.db, args.runs, args.nproc, args.gpus_per_run)
+        results = run_queue(store, args.runs, args.nproc, args.gpus_per_run)
     except QueueStopped as stop:
         say(str(stop))
         return 130

@@ -15,13 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from sqlalchemy import Engine
-
 from attnres import paths
 from attnres.errors import AttnresError
 from attnres.runs.backends import ALIVE, GONE, UNKNOWN, Backend, Placement, Submitted, silence, trainer_command
-from attnres.tracking import store
-from attnres.tracking.schema import Run
+from attnres.tracking.run_store import RunRecord, RunStore
 from attnres.tracking.states import RUNNING
 
 _TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
@@ -105,18 +102,18 @@ class SlurmBackend(Backend):
     def check(self, placement: Placement) -> None:
         check(placement)
 
-    def submit(self, engine: Engine, db_url: str, run_ids: Sequence[int], placement: Placement, *,
+    def submit(self, store: RunStore, run_ids: Sequence[int], placement: Placement, *,
                detach: bool = False, on_tick: Callable[[], None] | None = None) -> Submitted:
         """Write and submit one sbatch script per run; record the job ids. SLURM jobs never block."""
         check(placement)
         done = Submitted()
         for rid in run_ids:
-            run = store.get_run(engine, rid)
+            run = store.run(rid)
             log = Path(run.log_path) if run.log_path else paths.run_log(rid)
             path = paths.sbatch_script(log)
-            path.write_text(script(rid, db_url, placement, Path.cwd(), log))
+            path.write_text(script(rid, store.url, placement, Path.cwd(), log))
             job = _run(["sbatch", "--parsable", str(path)]).split(";")[0]
-            store.update_run(engine, rid, job_id=job)
+            store.update_run(rid, job_id=job)
             done.lines.append(f"run {rid}: submitted as SLURM job {job}")
         return done
 
@@ -128,7 +125,7 @@ class SlurmBackend(Backend):
         return [f"sbatch {paths.sbatch_script(log)}:", *("    " + line for line in
                                                          script(rid, db_url, placement, Path.cwd(), log).splitlines())]
 
-    def poll(self, runs: Sequence[Run]) -> dict[int, tuple[str, str]]:
+    def poll(self, runs: Sequence[RunRecord]) -> dict[int, tuple[str, str]]:
         """A run is alive while squeue knows its job; gone when squeue has forgotten it."""
         jobs = [r for r in runs if r.job_id]
         try:
@@ -145,6 +142,6 @@ class SlurmBackend(Backend):
                 out[r.id] = (ALIVE, known[r.job_id])
         return out
 
-    def kill(self, run: Run) -> None:
+    def kill(self, run: RunRecord) -> None:
         if run.job_id:
             _run(["scancel", str(run.job_id)])

@@ -52,7 +52,7 @@ $(VENV)/.test-extra: $(BIN)/attnres pyproject.toml
 	touch $@
 
 test: install lint $(VENV)/.test-extra
-	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q --durations=30 -n $(TEST_WORKERS) --dist loadgroup
 
 # The GPU check, on a machine with a CUDA build of torch and Triton (GPU_PYTHON: that environment's python,
 # with this checkout installed): the Triton kernel compiled for the GPU against the float64 reference

@@ -9,6 +9,7 @@ resolved config is stored with every run, so a report can always say what was tr
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -272,13 +273,20 @@ LIMITS: dict[str, tuple[Callable[[float], bool], str]] = {
 }
 
 
+@functools.cache
+def _choices(cls: type) -> dict[str, tuple[Any, ...]]:
+    """Each Literal field's allowed values, read once per class: a report checks thousands of configs."""
+    hints = get_type_hints(cls)
+    return {f.name: get_args(hints[f.name]) for f in fields(cls) if get_origin(hints[f.name]) is Literal}
+
+
 def check(model: ModelConfig, train: TrainConfig) -> None:
     """Refuse, with one line naming the setting, a config that cannot be trained."""
     for obj in (model, train, model.residual):
-        hints = get_type_hints(type(obj))
+        allowed = _choices(type(obj))
         for f in fields(obj):
             value = getattr(obj, f.name)
-            choices = get_args(hints[f.name]) if get_origin(hints[f.name]) is Literal else ()
+            choices = allowed.get(f.name, ())
             if choices and value not in choices:
                 raise AttnresError(f"bad value '{value}' for {f.name}: choose {', '.join(map(str, choices))}")
             if f.name in LIMITS and not isinstance(value, bool):

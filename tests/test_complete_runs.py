@@ -13,7 +13,7 @@ from helpers import FAST, LONG, attnres, runs, train_steps, wait_for
 pytestmark = pytest.mark.integration
 
 # kill and resume issued together this many times (ATTNRES_TEST_TRIALS=20 for the long form: 0 holes in 20 too)
-TRIALS = int(os.environ.get("ATTNRES_TEST_TRIALS", "8"))
+TRIALS = int(os.environ.get("ATTNRES_TEST_TRIALS", "6"))
 
 
 def cli(*args: str) -> subprocess.Popen:

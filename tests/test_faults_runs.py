@@ -100,7 +100,7 @@ def test_sigkill_of_torchrun_ends_its_worker_and_the_run_stays_failed(workdir):
 
 
 def test_a_long_write_lock_neither_blocks_status_nor_fails_a_live_run(workdir, monkeypatch):
-    attnres("launch", "standard", "--seeds", "1", *issue_run(400), "--detach",
+    attnres("launch", "standard", "--seeds", "1", *issue_run(200), "--detach",
             check=True)
     at_step(workdir, 20)
     holder = sqlite3.connect(workdir / "runs.db", isolation_level=None)
@@ -203,7 +203,7 @@ def test_a_second_queue_waits_for_the_machines_one_cpu_slot(workdir):
     with sqlite3.connect(workdir / "runs.db") as conn:  # a finished run made resumable, as a killed one is
         conn.execute("update runs set status = 'killed'")
     # long enough to be seen going: its step reaches the database every 2 s (80 steps took 1.8 s on a fast CPU)
-    first = attnres("launch", "standard", "--seeds", "8", *issue_run(400), "--detach",
+    first = attnres("launch", "standard", "--seeds", "8", *issue_run(200), "--detach",
                     check=True)
     at_step(workdir, 5, run=1)
     second = attnres("resume", "1", "--detach", check=True)

@@ -14,6 +14,7 @@ import pytest
 
 from attnres.tracking import lifecycle, on_end, spool, states, store
 from attnres.tracking.db import get_engine
+from attnres.tracking.records import RunRecord
 from attnres.variants.registry import resolve_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +55,7 @@ def test_recording_an_end_starts_nothing_and_moving_to_it_starts_the_command_onc
 @pytest.mark.integration  # (the --on-end command is a process)
 def test_recover_reads_the_spool_under_its_lock_and_starts_the_end_it_replays(engine, tmp_path):
     run, ends = running(engine, tmp_path, 3)
-    path = store.spool_path(store.get_run(engine, run))
+    path = RunRecord.of(store.get_run(engine, run)).spool
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"r": run, "s": 5, "m": {"train_loss": 1.5}}) + "\n"
                     + spool.fields_line(run, {"status": states.FINISHED}))

@@ -19,6 +19,7 @@ from sqlalchemy.exc import OperationalError
 from attnres.runs.backends.local import process_alive
 from attnres.tracking import spool, states, store, writer
 from attnres.tracking.db import get_engine
+from attnres.tracking.records import RunRecord
 from attnres.tracking.writer import MetricWriter
 from attnres.variants.registry import resolve_run
 
@@ -33,7 +34,7 @@ def engine(tmp_path, monkeypatch):
 def started(engine) -> MetricWriter:
     """A run's writer as its trainer starts it, whose background thread writes only when told (flush)."""
     run = store.create_run(engine, resolve_run("standard", "tiny", 1))
-    w = MetricWriter(engine, run, store.spool_path(store.get_run(engine, run)), interval=3600.0)
+    w = MetricWriter(engine, run, RunRecord.of(store.get_run(engine, run)).spool, interval=3600.0)
     w.keep_snapshot(store.run_fields(engine, run))
     w.transition(states.RUNNING, pid=os.getpid())
     assert w.flush()

@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from itertools import chain, repeat
 from operator import itemgetter
-from pathlib import Path
 from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
 
@@ -20,7 +19,6 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from attnres import paths
 from attnres.config import RunConfig
 from attnres.errors import AttnresError
 from attnres.runs import grid
@@ -376,8 +374,3 @@ def run_fields(engine: Engine, run_id: int) -> dict[str, object]:
     """A run row as a plain dict (spooled at start, so a lost database can be rebuilt)."""
     run = get_run(engine, run_id)
     return {c.name: getattr(run, c.name) for c in Run.__table__.columns if c.name != "id"}
-
-
-def spool_path(run: Run) -> Path:
-    """Where a run's spool lives: beside its log."""
-    return paths.spool_of(Path(run.log_path) if run.log_path else paths.run_log(run.id))

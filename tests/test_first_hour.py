@@ -79,7 +79,9 @@ def test_kill_lets_the_run_save_and_resume_says_from_which_step(workdir, monkeyp
     assert 20 <= step <= before + 2, out
     assert "no checkpoint" not in out
     wait_for(lambda: runs(workdir)[0]["status"] == "running" and runs(workdir)[0]["step"] > step + 4)
-    assert min(s for s in train_steps(workdir / "runs.db") if s > step) == step + 2  # rewritten from there
+    # rewritten from there: the first step of the log schedule (every 2) after it; a save at the SIGTERM can be
+    # at an odd step
+    assert min(s for s in train_steps(workdir / "runs.db") if s > step) == step // 2 * 2 + 2
     # with the grace period, the trainer saves where it is before it goes
     monkeypatch.setenv("ATTNRES_KILL_GRACE", "60")
     attnres("kill", "1", check=True)

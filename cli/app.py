@@ -62,7 +62,7 @@ SeedsOpt = Annotated[list[int] | None, typer.Option("--seeds", parser=str, callb
                                                     help="seeds, separated by spaces: --seeds 42 1337")]
 
 
-MULTI_VALUE = {"--seeds"}
+MULTI_VALUE = {"--seeds", "--sizes"}
 
 
 def expand_multi(argv: list[str]) -> list[str]:

@@ -45,12 +45,22 @@ def report(
     data: DataOpt = None,
     set_: CellOpt = None,
     tuned: TunedOpt = None,
+    scaling: Annotated[bool, typer.Option("--scaling", help="write the scaling study of a ladder (`attnres scale`) "
+                                          "instead: L(C) = E + A·C^(−α) per variant, compute-equivalent multipliers "
+                                          "(--experiment: which ladder; default the newest)")] = False,
     db: DbOpt = None,
 ) -> None:
     """Write the results document of one experiment (default: the latest) from the database."""
     from attnres.tracking.run_store import RunStore
 
     store = RunStore(db, create=False)  # no database: one line at once, before the report code is imported
+    if scaling:
+        from attnres.variants.registry import canonical
+        from reports.build_scaling import write_scaling
+
+        write_scaling(store, out, canonical(baseline), plots, experiment, figures)
+        console.print(f"wrote {out}")
+        return
 
     from attnres.runs.grid import parse_pick
     from attnres.variants.registry import canonical

@@ -39,19 +39,22 @@ def variants(
 ) -> None:
     """List every residual variant: name, description, depth sources, extra parameters."""
     from attnres.training.optim import RULE
-    from attnres.variants.describe import PARAMS_NOTE, variant_rows
+    from attnres.variants.describe import FLOPS_NOTE, PARAMS_NOTE, flops_rows, variant_rows
 
-    rows = variant_rows(preset if params else None)
-    table = Table(title=f"Residual variants{f' at {preset}' if params else ''}", show_lines=not params,
-                  box=box.SIMPLE_HEAD if params else box.HEAVY_HEAD, pad_edge=False)
-    for col in rows[0]:
-        text = col in {"variant", "description", "changes vs control_block"}
-        table.add_column(col, overflow="fold", justify="left" if text else "right", no_wrap=not text)
-    for row in rows:
-        table.add_row(*[str(v) for v in row.values()])
-    console.print(table)
+    tables = [(f"Residual variants{f' at {preset}' if params else ''}", variant_rows(preset if params else None))]
     if params:
-        console.print(PARAMS_NOTE)
+        tables.append((f"Training compute at {preset}", flops_rows(preset)))
+    for title, rows in tables:
+        table = Table(title=title, show_lines=not params, box=box.SIMPLE_HEAD if params else box.HEAVY_HEAD,
+                      pad_edge=False)
+        for col in rows[0]:
+            text = col in {"variant", "description", "changes vs control_block"}
+            table.add_column(col, overflow="fold", justify="left" if text else "right", no_wrap=not text)
+        for row in rows:
+            table.add_row(*[str(v) for v in row.values()])
+        console.print(table)
+        if params:
+            console.print(FLOPS_NOTE if title.startswith("Training") else PARAMS_NOTE)
     console.print(RULE)
 
 
@@ -92,18 +95,31 @@ def launch(
     """Train every VARIANT x swept value x seed with torchrun, recording runs and metrics in the database.
 
     `--set lr=3e-4,1e-3` sweeps a setting (several swept settings make a product)."""
+    flags = {"gpus_per_run": gpus_per_run, "nodes": nodes, "gpus_per_node": gpus_per_node, "partition": partition,
+             "time_limit": time_limit}  # each backend takes its own (given ones only: the rest are its defaults)
+    start_runs(variant, seeds, preset, experiment, steps, set_, data, nproc, flags, detach, force, dry_run,
+               kill_if_worse_than, by, at_step, backend, backend_opt, mirror, on_end, db)
+
+
+def start_runs(variant: list[str], seeds: list[int] | None, preset: str, experiment: str | None, steps: int | None,
+               set_: list[str] | None, data: str, nproc: int, flags: dict[str, object], detach: bool, force: bool,
+               dry_run: bool, kill_if_worse_than: str | None, by: float, at_step: int | None, backend: str,
+               backend_opt: list[str] | None, mirror: list[str] | None, on_end: str | None, db: str | None,
+               ladder: tuple | None = None) -> None:
+    """What `launch` and `scale` do: check the request, print the plan, and (unless a dry run) start the queue."""
     from attnres.runs import backends, orchestrator, planning
     from attnres.tracking.db import normalize_url
 
-    flags = {"gpus_per_run": gpus_per_run, "nodes": nodes, "gpus_per_node": gpus_per_node, "partition": partition,
-             "time_limit": time_limit}  # each backend takes its own (given ones only: the rest are its defaults)
     given = {k: v for k, v in flags.items() if v is not None} | key_values(backend_opt or [], "--backend-opt")
     placement = backends.get(backend).placement(nproc, given)
     req = planning.request(variant, seeds, preset, steps, set_, data, backend, placement, kill_if_worse_than,
-                           by, at_step, force, experiment, mirror, on_end)
+                           by, at_step, force, experiment, mirror, on_end, ladder)
     for warning in (planning.on_end_warning(on_end), backends.get(req.backend).warning(req.placement)):
         if warning:
             err.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
+    for rung in req.ladder:
+        console.print(f"size {rung.size.label}: {rung.non_embedding:,} non-embedding parameters, "
+                      f"{rung.tokens:,} tokens -> {int(rung.settings['steps']):,} steps", markup=False, highlight=False)
     url = normalize_url(db)
     store = None if dry_run else RunStore(db)
     if store is not None:
@@ -292,7 +308,7 @@ def main() -> None:
 
 
 # each module registers its verbs on app; `attnres --help` lists them in this order
-for _verbs in ("documents", "whats_next", "exchange", "upkeep", "bench_cmd"):
+for _verbs in ("scale_cmd", "documents", "whats_next", "exchange", "upkeep", "bench_cmd"):
     importlib.import_module(f"cli.{_verbs}")
 
 if __name__ == "__main__":

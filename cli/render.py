@@ -28,6 +28,8 @@ def show_cell(c: PlannedRun) -> None:
 
     line = Text(c.cfg.variant)
     for k, v in c.cell.items():  # the swept values name the cell: right after the variant, bold on a terminal
+        if k == "steps":  # (a ladder's size sets its steps: they have their own place below)
+            continue
         line.append(" ").append(f"{k}={v}", "bold")
     line.append(f" seed={c.cfg.seed} preset={c.cfg.preset} steps={c.cfg.train.steps} "
                 f"experiment={c.cfg.experiment_name} data={c.cfg.data}")

@@ -1,4 +1,4 @@
-"""Where the report package meets the database and the disk: the only module of reports/ with I/O.
+"""Where the report package meets the database and the disk (with build_scaling.py and bench.py: its I/O).
 
 database (through :mod:`attnres.tracking.reads`) -> DataFrames -> the pure modules of this package
 -> markdown and PNG files. The library never imports reports/; reports build on the library.

@@ -15,8 +15,10 @@ and gives no number.
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,7 +27,63 @@ import pandas as pd
 MIN_SIZES = 4  # three parameters, and one degree of freedom to judge them by
 BOOTSTRAP = 400  # replicates: percentile intervals at 95% move by well under their width between draws
 LEVEL = 0.95
+FLOOR_AT_ZERO = 1e-6  # an E this small (a loss in nats) is the fit's bound 0, not a floor it found
 EXTRAPOLATE = (10.0, 100.0)  # multiples of the ladder's largest compute the multiplier is also given at
+
+
+#: the settings a ladder moves from size to size; two runs of a variant differing in any other setting are not
+#: points of one curve
+LADDER_KEYS = frozenset({"d_model", "n_layer", "n_head", "steps"})
+
+
+def size_of(config_json: object) -> str | None:
+    """A recorded run's model size as a ladder names it (``WIDTHxLAYERS``); None without a model config."""
+    try:
+        model = json.loads(config_json)["model"] if isinstance(config_json, str) and config_json else None
+        return f"{int(model['d_model'])}x{int(model['n_layer'])}" if model else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def ladder_experiments(runs: pd.DataFrame, finished: str = "finished") -> list[str]:
+    """Experiments whose finished runs span at least two model sizes, the most recently started first."""
+    done = runs[runs["status"] == finished].assign(size=[size_of(c) for c in runs.loc[runs["status"] == finished,
+                                                                                       "config_json"]])
+    done = done[done["size"].notna()]
+    sizes = done.groupby("experiment")["size"].nunique()
+    newest = done.groupby("experiment")["id"].max()
+    return [str(e) for e in newest[sizes >= 2].sort_values(ascending=False).index]
+
+
+def ladder_runs(runs: pd.DataFrame, last: Mapping[int, Mapping[str, float]],
+                compute_of: Mapping[int, float] | None = None) -> pd.DataFrame:
+    """One row per run with a final eval loss (variant, seed, size, compute in FLOPs, loss): what the fits take.
+
+    ``last``: each run's last ``eval_loss`` and ``train_flops`` (the trainer records the compute as it goes);
+    ``compute_of``: the compute worked out from the config, for runs recorded before ``train_flops`` was. A variant
+    whose runs differ in a setting other than the ladder's is split into one curve per setting
+    (``variant@key=value``): they are not points of one law."""
+    from attnres.runs.grid import settings
+
+    rows = []
+    for run in runs.itertuples():
+        values = last.get(int(run.id), {})
+        compute = values.get("train_flops") or (compute_of or {}).get(int(run.id))
+        size = size_of(run.config_json)
+        if "eval_loss" not in values or not compute or size is None:
+            continue
+        other = {k: v for k, v in settings(run.config_json).items() if k not in LADDER_KEYS}
+        rows.append({"variant": str(run.variant), "other": json.dumps(other, sort_keys=True), "seed": int(run.seed),
+                     "size": size, "compute": float(compute), "loss": float(values["eval_loss"]),
+                     "run_id": int(run.id)})
+    frame = pd.DataFrame(rows, columns=["variant", "other", "seed", "size", "compute", "loss", "run_id"])
+    for variant, grp in frame.groupby("variant"):
+        if grp["other"].nunique() > 1:
+            base = json.loads(grp["other"].iloc[0])
+            for i in grp.index:
+                diff = {k: v for k, v in json.loads(frame.at[i, "other"]).items() if base.get(k) != v} or base
+                frame.at[i, "variant"] = f"{variant}@" + ",".join(f"{k}={v}" for k, v in sorted(diff.items()))
+    return frame.drop(columns="other")
 
 
 def law(c: np.ndarray, e: float, a: float, alpha: float) -> np.ndarray:
@@ -144,7 +202,10 @@ def _num(x: float) -> str:
 
 def _interval(fit: Fit, name: str) -> str:
     lo_hi = fit.intervals.get(name)
-    return f"[{_num(lo_hi[0])}, {_num(lo_hi[1])}]" if lo_hi else "—"
+    if not lo_hi:
+        return "—"
+    lo, hi = (("0" if name == "e" and x <= FLOOR_AT_ZERO else _num(x)) for x in lo_hi)  # (E's bound, not a floor)
+    return f"[{lo}, {hi}]"
 
 
 def fit_table(found: dict[str, Fit]) -> pd.DataFrame:
@@ -153,9 +214,12 @@ def fit_table(found: dict[str, Fit]) -> pd.DataFrame:
     for f in found.values():
         row = {"variant": f.variant, "runs": f.points, "sizes": f.sizes}
         if f.ok:
-            row |= {"E": _num(f.e), "E 95%": _interval(f, "e"), "A": _num(f.a), "A 95%": _interval(f, "a"),
-                    "α": _num(f.alpha), "α 95%": _interval(f, "alpha"), "note": "" if f.intervals else
-                    "one seed a size: no interval (add seeds)"}
+            notes = [] if f.intervals else ["one seed a size: no interval (add seeds)"]
+            if f.e <= FLOOR_AT_ZERO:
+                notes.append("E at its bound 0: the ladder shows no floor yet (α is then a pure power law's)")
+            row |= {"E": _num(f.e) if f.e > FLOOR_AT_ZERO else "0", "E 95%": _interval(f, "e"),
+                    "A": _num(f.a), "A 95%": _interval(f, "a"), "α": _num(f.alpha), "α 95%": _interval(f, "alpha"),
+                    "note": "; ".join(notes)}
         else:
             row |= {"E": "—", "E 95%": "—", "A": "—", "A 95%": "—", "α": "—", "α 95%": "—", "note": f.reason}
         rows.append(row)
@@ -189,17 +253,34 @@ def multiplier_table(runs: pd.DataFrame, found: dict[str, Fit], baseline: str) -
     return pd.DataFrame(rows)
 
 
-def section(runs: pd.DataFrame, baseline: str, figure: str | None = None, bootstrap: int = BOOTSTRAP) -> str:
-    """The report's Scaling section in markdown."""
+def ladder_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per size and variant: runs, median training compute, and the eval loss's mean and spread over seeds."""
+    g = runs.groupby(["size", "variant"], sort=False)
+    table = g.agg(runs=("loss", "size"), compute=("compute", "median"), mean=("loss", "mean"), sd=("loss", "std"))
+    table = table.reset_index()
+    table["order"] = table["compute"]
+    table = table.sort_values(["order", "variant"], kind="stable").drop(columns="order")
+    return pd.DataFrame({"size": table["size"], "variant": table["variant"], "runs": table["runs"].astype(int),
+                         "compute (FLOPs)": [f"{c:.4g}" for c in table["compute"]],
+                         "eval loss": [f"{m:.4f}" + (f" ± {sd:.4f}" if math.isfinite(sd) else "")
+                                       for m, sd in zip(table["mean"], table["sd"], strict=True)]})
+
+
+def section(runs: pd.DataFrame, baseline: str, figure: str | None = None, bootstrap: int = BOOTSTRAP,
+            found: dict[str, Fit] | None = None) -> str:
+    """The report's Scaling section in markdown (``found``: the fits, when already made)."""
     if runs.empty:
         return "## Scaling\n\nNo finished run of a ladder in this scope yet (`attnres scale` launches one).\n"
-    found = fits(runs, bootstrap)
+    found = fits(runs, bootstrap) if found is None else found
     lines = ["## Scaling", "",
              f"L(C) = E + A·C^(−α) fitted per variant to each finished run's last eval loss against its training "
              f"compute C in FLOPs (6·N·tokens plus attention and the depth attention's own cost); 95% intervals "
              f"from {bootstrap} bootstrap draws over seeds. A fit needs at least {MIN_SIZES} sizes.", "",
              fit_table(found).to_markdown(index=False), ""]
-    if baseline in found:
+    if baseline in found and len(found) == 1:
+        lines += [f"Only the baseline '{baseline}' is in the ladder: no variant to give a multiplier for "
+                  "(`attnres scale` the variants at the same sizes).", ""]
+    elif baseline in found:
         lines += [f"### Compute-equivalent multiplier vs {baseline}", "",
                   "The compute the baseline's curve needs to reach each variant's loss, divided by the variant's "
                   "compute (above 1×: the variant is worth more compute than it costs); 95% bootstrap interval.", "",
@@ -208,6 +289,18 @@ def section(runs: pd.DataFrame, baseline: str, figure: str | None = None, bootst
         lines += [f"No run of the baseline '{baseline}' in the ladder: no multiplier.", ""]
     if figure:
         lines += [f"![Loss against compute]({figure})", ""]
+    return "\n".join(lines)
+
+
+def document(runs: pd.DataFrame, found: dict[str, Fit], baseline: str, experiment: str, facts: Mapping[str, str],
+             figure: str | None = None, bootstrap: int = BOOTSTRAP) -> str:
+    """The scaling study of one ladder: where its numbers come from, the ladder's runs, fits and multipliers."""
+    lines = [f"# Scaling study: {experiment}", "",
+             *[f"- **{k.capitalize()}:** {v}" for k, v in facts.items()], ""]
+    if not runs.empty:
+        lines += ["## Ladder", "", "Each size's finished runs: median training compute and the last eval loss "
+                  "(mean ± standard deviation over seeds).", "", ladder_table(runs).to_markdown(index=False), ""]
+    lines.append(section(runs, baseline, figure, bootstrap, found))
     return "\n".join(lines)
 
 
@@ -225,8 +318,12 @@ def figure(runs: pd.DataFrame, found: dict[str, Fit]) -> object:
         if f.ok:
             ax.plot(grid, f.loss(grid), color=color, lw=1.5,
                     label=f"{name}: E={f.e:.3g}, α={f.alpha:.3g}")
+    from matplotlib.ticker import FormatStrFormatter
+
     ax.set_xscale("log")
     ax.set_yscale("log")
+    for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        axis(FormatStrFormatter("%.2f"))  # losses as numbers, not powers of ten
     ax.set_xlabel("training compute (FLOPs)")
     ax.set_ylabel("eval loss")
     ax.set_title("Scaling: L(C) = E + A·C^(−α)")

@@ -45,8 +45,8 @@ def issue_run(steps: int = ISSUE_STEPS) -> list[str]:
 
 
 ISSUE_RUN = issue_run()
-# train_loss, lr, grad_norm, tokens_per_s, peak_memory_bytes each step; eval at 0, 25, ... and the last step
-ISSUE_ROWS = ISSUE_STEPS * 5 + len(set(range(0, ISSUE_STEPS + 1, 25)) | {ISSUE_STEPS})
+# train_loss, lr, grad_norm, tokens_per_s, peak_memory_bytes, train_flops each step; eval at 0, 25, ..., the last step
+ISSUE_ROWS = ISSUE_STEPS * 6 + len(set(range(0, ISSUE_STEPS + 1, 25)) | {ISSUE_STEPS})
 
 
 # -- the CLI: in this process, or the real command -------------------------------------------------

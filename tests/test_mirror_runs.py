@@ -13,7 +13,7 @@ import pytest
 from helpers import FAST, attnres, curve, in_process, runs
 from test_mirrors import mlflow_points, wandb_read
 
-KEYS = ["train_loss", "lr", "grad_norm", "tokens_per_s", "peak_memory_bytes", "eval_loss"]
+KEYS = ["train_loss", "lr", "grad_norm", "tokens_per_s", "peak_memory_bytes", "train_flops", "eval_loss"]
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
@@ -65,7 +65,7 @@ def test_a_run_is_mirrored_to_mlflow_trackio_and_wandb_as_it_trains(workdir, mon
     assert run["status"] == "finished" and json.loads(run["mirrors_json"]) == [
         f"mlflow={uri}", "trackio=attnres-test", "wandb=attnres-test"]
     want = ours(workdir)
-    assert len(want) == 30 * 5 + 4  # every step's five values, and the evals at 0, 10, 20, 30
+    assert len(want) == 30 * 6 + 4  # every step's six values, and the evals at 0, 10, 20, 30
 
     mirrored = mlflow_run(uri, 1)
     assert mlflow_points(uri, mirrored.info.run_id, KEYS) == want
@@ -96,7 +96,7 @@ def test_a_failing_mirror_is_one_warning_and_sync_sends_what_it_missed_once(work
     log = (workdir / "logs" / "run-1.log").read_text()
     assert log.count(f"attnres: warning: mirror {broken} left out for run 1") == 1
     want = ours(workdir)
-    assert len(want) == 20 // 2 * 5 + 3  # training and our database went on: every value is recorded
+    assert len(want) == 20 // 2 * 6 + 3  # training and our database went on: every value is recorded
 
     good = f"sqlite:///{workdir}/mlflow.db"
     sent = attnres("sync", "--mirror", f"mlflow={good}", check=True).stdout

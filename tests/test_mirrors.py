@@ -342,7 +342,28 @@ def item_key(item) -> str:
 
 
 def wandb_read(root: Path, run_id: str) -> list[dict]:
-    """Per offline run file of ``run_id`` (oldest first): its points, config, summary and exit code."""
+    """Per offline run file of ``run_id`` (oldest first): its points, config, summary and exit code, once every
+    file holds its exit record. wandb-core's writer is a process of its own: on a loaded machine the file's last
+    block can land a moment after ``finish()`` returned, so this polls (a generous limit), never sleeps a fixed time."""
+    from helpers import wait_for
+
+    found: list[dict] = []
+
+    def complete() -> bool:
+        try:
+            found[:] = _wandb_files(root, run_id)
+        except Exception:  # noqa: BLE001 (a block still being written fails to parse in any of several ways: read again)
+            return False
+        return bool(found) and all(f["exit_code"] is not None for f in found)
+
+    try:
+        wait_for(complete, timeout=60)
+    except AssertionError:
+        return _wandb_files(root, run_id)  # (the caller's assertions then say what is missing)
+    return found
+
+
+def _wandb_files(root: Path, run_id: str) -> list[dict]:
     out = []
     for path in sorted((root / "wandb").glob(f"offline-run-*/run-{run_id}.wandb")):
         got: dict[tuple[str, int], float] = {}

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from attnres.model.flops import training_flops
 from attnres.tracking import states
 from attnres.training.distributed import single
 from attnres.training.loop import MemoryRecorder, Preemption, train
+from attnres.variants.describe import model_params
 from attnres.variants.registry import resolve_run
 
 SMALL = ["batch_size=2", "eval_batches=1", "warmup=2", "log_every=1"]
@@ -18,12 +20,18 @@ def cfg(steps: int, *extra: str, variant: str = "standard"):
 
 def test_a_run_finishes_with_its_evals_and_logs(workdir):
     rec = MemoryRecorder()
-    ending = train(cfg(6, "eval_every=3"), single(), rec, workdir / "ck")
+    config = cfg(6, "eval_every=3")
+    ending = train(config, single(), rec, workdir / "ck")
     assert (ending.status, ending.step) == (states.FINISHED, 6)
     assert sorted(rec.metrics["eval_loss"]) == [0, 3, 6] and sorted(rec.metrics["train_loss"]) == list(range(1, 7))
     assert rec.metrics["eval_loss"][6] < rec.metrics["eval_loss"][0]
     assert {"lr", "grad_norm", "tokens_per_s", "peak_memory_bytes"} <= set(rec.metrics)
     assert rec.steps == list(range(1, 7)) and (workdir / "ck" / "last.pt").exists()
+    # the compute so far, each logged step: what a scaling law is fitted against, at least 6·N·tokens
+    flops, tokens = rec.metrics["train_flops"], 2 * config.model.seq_len
+    non_embedding = model_params(config.model)["non_embedding"]
+    assert flops == {step: step * flops[1] for step in range(1, 7)}
+    assert flops[6] == pytest.approx(training_flops(config, non_embedding)) and flops[1] > 6 * non_embedding * tokens
 
 
 def test_a_non_finite_loss_ends_as_diverged_at_its_step(workdir):

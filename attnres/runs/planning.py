@@ -27,6 +27,8 @@ from attnres.data.prepare import BUILTIN, ensure_builtin, read_manifest
 from attnres.errors import AttnresError
 from attnres.runs import DEFAULT_BACKEND, backends, grid
 from attnres.runs.backends import Placement
+from attnres.runs.ladder import Rung, Size, TokenRule
+from attnres.runs.ladder import rungs as rungs_of
 from attnres.tracking import states
 from attnres.variants.registry import canonical, resolve_run
 
@@ -66,22 +68,36 @@ class LaunchRequest:
     sweep: dict[str, list[str]] = field(default_factory=dict)  # swept setting -> its values (--set k=a,b)
     mirrors: list[str] | None = None  # trackers each run is also sent to (attnres.mirrors); None: the database's
     on_end: list[str] = field(default_factory=list)  # the command run when a run ends (an argument list)
+    # a compute ladder's rungs (attnres.runs.ladder): settings that move together (d_model, n_layer, n_head,
+    # steps), each rung a cell of its own, crossed with the sweep
+    ladder: list[Rung] = field(default_factory=list)
+
+    def swept(self) -> list[dict[str, str]]:
+        """Each cell's own values: a ladder rung's and the swept settings' ([{}]: one cell, nothing varies)."""
+        rungs = [r.settings for r in self.ladder] or [{}]
+        return [rung | cell for rung in rungs for cell in grid.cells(self.sweep)]
 
     def cells(self) -> list[list[str]]:
-        """The overrides of each cell of the sweep (one cell, the fixed overrides, when nothing is swept)."""
-        return [self.overrides + [f"{k}={v}" for k, v in cell.items()] for cell in grid.cells(self.sweep)]
+        """The overrides of each cell (one cell, the fixed overrides, when nothing is swept)."""
+        return [self.overrides + [f"{k}={v}" for k, v in cell.items()] for cell in self.swept()]
+
+
+#: settings that change how many tokens a step trains on: a ladder's token rule needs them fixed
+TOKENS_PER_STEP = frozenset({"batch_size", "grad_accum", "seq_len"})
 
 
 def request(variants: list[str], seeds: list[int] | None, preset: str = "tiny", steps: int | None = None,
             overrides: list[str] | None = None, data: str = "builtin", backend: str = DEFAULT_BACKEND,
             placement: Placement | None = None, kill_if_worse_than: str | None = None, by: float = 0.1,
             at_step: int | None = None, force: bool = False, experiment: str | None = None,
-            mirrors: list[str] | None = None, on_end: str | None = None) -> LaunchRequest:
+            mirrors: list[str] | None = None, on_end: str | None = None,
+            ladder: tuple[list[Size], TokenRule] | None = None) -> LaunchRequest:
     """Check a launch's arguments (AttnresError, one line) and return the request.
 
     ``mirrors``: ``--mirror`` specs; none given, the ``ATTNRES_MIRROR`` environment variable's, else the
     database's own (``attnres mirror``), read when the runs are recorded. ``on_end``: a command line, split
-    into an argument list as a POSIX shell would (no shell runs it).
+    into an argument list as a POSIX shell would (no shell runs it). ``ladder``: the sizes and token rule of a compute
+    ladder (:mod:`attnres.runs.ladder`), each size a cell; ``--set`` may not also give its settings.
     """
     if not variants:
         raise AttnresError("name at least one variant (see `attnres variants`)")
@@ -106,13 +122,34 @@ def request(variants: list[str], seeds: list[int] | None, preset: str = "tiny", 
     targets = mirror_targets(mirrors)
     command = on_end_command(on_end)
     fixed, sweep = grid.split_sweeps(list(overrides or []) + ([f"steps={steps}"] if steps is not None else []))
+    rungs = _ladder(names, preset, fixed, sweep, placement.nproc, ladder) if ladder else []
     req = LaunchRequest(names, seeds, preset, fixed, data, backend, placement, rule, force, experiment or "", sweep,
-                        targets, command)
+                        targets, command, rungs)
     cells = req.cells()
     for v in names:  # every cell's config resolves (unknown preset or setting: one line now)
         for cell in cells:
             resolve_run(v, preset, seeds[0], cell, data, req.experiment)
     return req
+
+
+def _ladder(names: list[str], preset: str, fixed: list[str], sweep: dict[str, list[str]], world: int,
+            ladder: tuple[list[Size], TokenRule]) -> list[Rung]:
+    """A ladder's rungs as cells, after refusing what would make its sizes or token budgets other than asked."""
+    from attnres.variants.traits import deep_variants
+
+    for name in names:
+        if name in deep_variants():
+            raise AttnresError(f"{name} sets its own depth, which a ladder's sizes would override: scale the variants "
+                               "of the preset's shape")
+    given = {item.partition("=")[0] for item in fixed} | set(sweep)
+    for key in sorted(given & {"d_model", "n_layer", "n_head", "steps"}):
+        raise AttnresError(f"--set {key}: a ladder sets d_model, n_layer, n_head and steps at each size (its token "
+                           "rule gives the steps)")
+    for key in sorted(set(sweep) & TOKENS_PER_STEP):
+        raise AttnresError(f"--set {key} sweeps how many tokens a step trains on: a ladder's steps come from one "
+                           f"token rule, so give one value (--set {key}=VALUE)")
+    sizes, rule = ladder
+    return rungs_of(sizes, rule, preset, fixed, world)
 
 
 def mirror_targets(specs: list[str] | None) -> list[str] | None:
@@ -191,7 +228,7 @@ class PlannedRun:
 
 def plan(store: RunStore | None, req: LaunchRequest) -> list[PlannedRun]:
     """Expand the grid; mark what already finished or runs with the same config (unless forced)."""
-    swept = grid.cells(req.sweep)
+    swept = req.swept()
     planned = [PlannedRun(resolve_run(v, req.preset, s, overrides, req.data, req.experiment), cell,
                           _given(overrides))
                for v in req.variants for cell, overrides in zip(swept, req.cells(), strict=True) for s in req.seeds]

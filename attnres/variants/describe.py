@@ -94,3 +94,34 @@ def _param_columns(cfg: ModelConfig, reference: dict[str, int]) -> dict[str, str
     return {**row, "depth": f"{params['residual_extra']:,}", "total": f"{params['total'] / 1e6:,.2f}M",
             "non-embedding": f"{params['non_embedding'] / 1e6:,.2f}M",
             "total vs control_block": f"{diff:+,} ({diff / reference['total']:+.2%})" if diff else "0"}
+
+
+
+FLOPS_NOTE = ("Training compute (attnres.model.flops): FLOPs/token is 3 forward passes of 2 FLOPs per weight (the "
+              "output head included), causal attention over the context and the depth attention over its sources; "
+              "depth: the depth attention's share; train FLOPs: over the preset's steps on one rank, what `attnres "
+              "report --scaling` fits against (the trainer records it as train_flops).")
+
+
+def flops_rows(preset: str) -> list[dict[str, str]]:
+    """Each variant's training compute at ``preset`` (:mod:`attnres.model.flops`): per token, the depth
+    attention's part, over the preset's steps, and against standard."""
+    from attnres.model.flops import depth_flops_per_token, forward_flops_per_token, training_flops
+
+    rows, base = [], None
+    for name in VARIANTS:
+        try:
+            run = resolve_run(name, preset, 0)
+        except AttnresError:
+            continue
+        non_embedding = model_params(run.model)["non_embedding"]
+        total = training_flops(run, non_embedding)
+        base = total if name == "standard" else base
+        rows.append({"variant": name, "shape": f"{run.model.n_layer}L d{run.model.d_model}",
+                     "FLOPs/token": f"{3 * forward_flops_per_token(run.model, non_embedding):,}",
+                     "depth FLOPs/token": f"{3 * depth_flops_per_token(run.model):,}",
+                     "train FLOPs": f"{total:.4g}", "_total": total})
+    for row in rows:
+        total = row.pop("_total")
+        row["vs standard"] = f"{total / base - 1:+.2%}" if base else "—"
+    return rows

@@ -1,0 +1,80 @@
+"""The `scale` verb: launch a compute ladder (model sizes × token rule), every cell an ordinary run."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+import typer
+
+from attnres.errors import AttnresError
+from attnres.runs import DEFAULT_BACKEND
+from cli.app import DbOpt, SeedsOpt, app
+
+_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9}
+
+
+def parse_tokens(value: str | None) -> int | None:
+    """``--tokens`` as a whole number of tokens: ``2000000``, ``2e6``, ``2M`` or ``500k``."""
+    if value is None:
+        return None
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmbg]?)\s*", value.lower())
+    if not match:
+        raise AttnresError(f"bad --tokens '{value}': a number of tokens, e.g. --tokens 2000000, 2e6 or 2M")
+    tokens = float(match[1]) * _SUFFIX[match[2]]
+    if tokens < 1:
+        raise AttnresError(f"bad --tokens '{value}': give at least one token")
+    return round(tokens)
+
+
+def parse_sizes(values: list[str] | None) -> list[str] | None:
+    """``--sizes`` checked at parse time (one line for a malformed size); the values pass on as given."""
+    if values is None:
+        return None
+    from attnres.runs.ladder import parse_sizes as check
+
+    check(values)
+    return values
+
+
+@app.command()
+def scale(
+    variant: Annotated[list[str], typer.Argument(help="variant names (see `attnres variants`); include the baseline")],
+    sizes: Annotated[list[str], typer.Option("--sizes", parser=str, callback=parse_sizes, metavar="WxL[xH]",
+                                             help="model sizes, WIDTHxLAYERS[xHEADS], separated by spaces: "
+                                             "--sizes 32x2 64x4 96x4 128x6 (a fit needs 4 or more)")],
+    tokens: Annotated[str | None, typer.Option("--tokens", help="tokens every size trains on (2e6, 2M, 500k)")
+                      ] = None,
+    tokens_per_param: Annotated[float | None, typer.Option("--tokens-per-param", help="tokens per non-embedding "
+                                                           "parameter of each size (Chinchilla: about 20)")] = None,
+    seeds: SeedsOpt = None,
+    preset: Annotated[str, typer.Option(help="the other settings of every size (data, context, batch, lr)")
+                      ] = "tiny",
+    experiment: Annotated[str | None, typer.Option(help="experiment the runs belong to (default: PRESET-scale)")
+                          ] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="override KEY=VALUE at every size (repeatable); "
+                                                   "KEY=A,B,... sweeps it")] = None,
+    data: Annotated[str, typer.Option(help="prepared dataset name or folder")] = "builtin",
+    nproc: Annotated[int, typer.Option(help="processes (ranks) per run on CPU")] = 1,
+    detach: Annotated[bool, typer.Option(help="return at once; the queue runs in the background")] = False,
+    force: Annotated[bool, typer.Option(help="run even if finished with the same config")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the ladder, the plan and the commands only")
+                       ] = False,
+    backend: Annotated[str, typer.Option(help="where runs execute: local | slurm")] = DEFAULT_BACKEND,
+    backend_opt: Annotated[list[str] | None, typer.Option("--backend-opt", help="KEY=VALUE: any option of the "
+                                                          "backend (its typed options)")] = None,
+    mirror: Annotated[list[str] | None, typer.Option("--mirror", help="also send each run to a tracker (as "
+                                                     "`launch --mirror`)")] = None,
+    db: DbOpt = None,
+) -> None:
+    """Launch a compute ladder: every VARIANT at every size x seed, each size on the tokens of one rule.
+
+    Every cell is an ordinary run (resumable, in `status`, mirrored); `attnres report --scaling` fits
+    L(C) = E + A·C^(−α) per variant over them and gives each variant's compute-equivalent multiplier."""
+    from attnres.runs.ladder import TokenRule
+    from attnres.runs.ladder import parse_sizes as read_sizes
+    from cli.main import start_runs
+
+    rule = TokenRule(parse_tokens(tokens), tokens_per_param)
+    start_runs(variant, seeds, preset, experiment or f"{preset}-scale", None, set_, data, nproc, {}, detach, force,
+               dry_run, None, 0.1, None, backend, backend_opt, mirror, None, db, ladder=(read_sizes(sizes), rule))

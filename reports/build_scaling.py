@@ -1,0 +1,83 @@
+"""Where the scaling study meets the database and the disk (``attnres report --scaling``).
+
+The ladder's runs and their last values come from the store; :mod:`reports.scaling` (pure) fits and writes;
+this module picks the experiment, works out the compute of runs recorded before the trainer logged it, and
+writes the document and its figure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from attnres import outputs
+from attnres.config import RunConfig
+from attnres.errors import AttnresError
+from attnres.model.flops import training_flops
+from attnres.tracking import states
+from attnres.tracking.run_store import RunStore
+from attnres.variants.describe import model_params
+from attnres.variants.registry import superseded_runs
+from reports import scaling
+from reports.build import _save, figures_folder, provenance
+
+
+def _compute_from_config(runs: pd.DataFrame) -> dict[int, float]:
+    """Training FLOPs of each run from its recorded config and steps (runs that did not log ``train_flops``)."""
+    out = {}
+    for run in runs.itertuples():
+        try:
+            cfg = RunConfig.from_dict(json.loads(run.config_json))
+        except (TypeError, ValueError, KeyError):
+            continue
+        steps = int(run.step) if pd.notna(run.step) and run.step else cfg.train.steps
+        world = int(run.world_size) if pd.notna(run.world_size) and run.world_size else 1
+        out[int(run.id)] = training_flops(cfg, model_params(cfg.model)["non_embedding"], world, steps)
+    return out
+
+
+def ladder(store: RunStore, experiment: str | None = None) -> tuple[str, pd.DataFrame]:
+    """The experiment of the ladder (default: the newest with finished runs at two sizes or more) and its runs
+    as the fits take them (:func:`reports.scaling.ladder_runs`)."""
+    table = store.run_table()
+    found = scaling.ladder_experiments(table, states.FINISHED)
+    if experiment is None:
+        if not found:
+            raise AttnresError("no experiment holds finished runs at two model sizes or more: launch a ladder with "
+                               "`attnres scale VARIANTS --sizes 32x2 64x4 96x4 128x6 --tokens 2M`")
+        experiment = found[0]
+    runs = table[(table["experiment"] == experiment) & (table["status"] == states.FINISHED)]
+    if runs.empty:
+        known = ", ".join(found) or "none"
+        raise AttnresError(f"experiment '{experiment}' has no finished run (ladders here: {known})")
+    old = superseded_runs(list(zip(runs["variant"], runs["config_json"], strict=True)))
+    runs = runs.loc[[not o for o in old]]
+    ids = runs["id"].astype(int).tolist()
+    last = store.latest_values(ids, ["eval_loss", "train_flops"])
+    missing = runs[[not last[i].get("train_flops") for i in ids]]
+    return experiment, scaling.ladder_runs(runs, last, _compute_from_config(missing))
+
+
+def write_scaling(store: RunStore, out: Path, baseline: str = "standard", plots: bool = True,
+                  experiment: str | None = None, figures: Path | None = None,
+                  bootstrap: int = scaling.BOOTSTRAP) -> str:
+    """Write the scaling study of one ladder: fits, multipliers and (with ``plots``) the log-log figure."""
+    outputs.check(out, example="scaling.md")
+    folder = figures or figures_folder(out)
+    if plots:
+        outputs.check(folder, folder=True)
+    name, runs = ladder(store, experiment)
+    found = scaling.fits(runs, bootstrap)
+    link = None
+    if plots and not runs.empty:
+        folder.mkdir(parents=True, exist_ok=True)
+        _save(scaling.figure(runs, found), folder / "scaling.png")
+        link = (Path(os.path.relpath(folder, out.parent)) / "scaling.png").as_posix()
+    source = store.run_table(experiment=name)
+    facts = provenance(store, source[source["id"].isin(runs["run_id"])] if not runs.empty else source)
+    text = scaling.document(runs, found, baseline, name, facts, link, bootstrap)
+    outputs.write_text(out, text)
+    return text

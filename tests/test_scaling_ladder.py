@@ -1,0 +1,154 @@
+"""A compute ladder end to end: `attnres scale` plans sizes on a token rule, the trainer records its FLOPs,
+`attnres report --scaling` fits a database of runs (synthetic with a known law, and a real tiny ladder)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+from helpers import BYTES, attnres, in_process, runs
+
+from attnres.config import RunConfig
+from attnres.model.flops import tokens_per_step, training_flops
+from attnres.runs import planning
+from attnres.runs.ladder import TokenRule, parse_sizes
+from attnres.tracking import states
+from attnres.tracking.run_store import RunStore
+from attnres.variants.describe import model_params
+from attnres.variants.registry import resolve_run
+from reports import scaling
+from reports.build_scaling import ladder
+
+SIZES = ["32x2", "64x2", "96x3", "128x4", "160x4", "192x6"]
+
+
+def test_a_ladder_is_one_cell_a_size_with_the_steps_of_its_token_rule():
+    rule = TokenRule(per_param=20)
+    req = planning.request(["standard", "control_block"], [1, 2], "tiny", overrides=["batch_size=8"],
+                           ladder=(parse_sizes(["32x2", "64x4x2"]), rule))
+    cells = planning.plan(None, req)
+    assert len(cells) == 2 * 2 * 2
+    for c in cells:
+        model = c.cfg.model
+        size = (model.d_model, model.n_layer, model.n_head)
+        assert size in {(32, 2, 2), (64, 4, 2)}  # heads: the preset's head width (16), or as given
+        standard = resolve_run("standard", "tiny", 0, ["batch_size=8", f"d_model={model.d_model}",
+                                                       f"n_layer={model.n_layer}", f"n_head={model.n_head}"])
+        tokens = 20 * model_params(standard.model)["non_embedding"]  # the size's, whatever the variant
+        assert c.cfg.train.steps == math.ceil(tokens / tokens_per_step(standard))
+        assert c.cfg.train.batch_size == 8 and c.cfg.experiment_name == "tiny"
+    fixed = planning.request(["standard"], [1], "tiny", ladder=(parse_sizes(["32x2,64x2"]), TokenRule(tokens=10**5)))
+    assert [c.cfg.train.steps for c in planning.plan(None, fixed)] == [math.ceil(10**5 / (16 * 64))] * 2
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--sizes", "32x"], "bad size '32x'"),
+    (["--sizes", "32x2", "32x2", "--tokens", "1M"], "names 32x2 twice"),
+    (["--sizes", "40x2", "--tokens", "1M"], "not a multiple of the preset's head width 16"),
+    (["--sizes", "32x2"], "needs one token rule"),
+    (["--sizes", "32x2", "--tokens", "1M", "--tokens-per-param", "20"], "needs one token rule"),
+    (["--sizes", "32x2", "--tokens", "lots"], "bad --tokens 'lots'"),
+    (["--sizes", "32x2", "--tokens-per-param", "-1"], "--tokens-per-param -1"),
+    (["--sizes", "32x2", "--tokens", "1M", "--set", "n_layer=3"], "a ladder sets d_model, n_layer"),
+    (["--sizes", "32x2", "--tokens", "1M", "--set", "batch_size=4,8"], "sweeps how many tokens a step"),
+])
+def test_bad_ladders_are_one_line_and_record_nothing(workdir, capsys, monkeypatch, args, says):
+    code, _, err = in_process(["scale", "standard", *args], capsys, monkeypatch)
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+    assert not (workdir / "runs.db").exists()
+    code, _, err = in_process(["scale", "deep_baseline", "--sizes", "32x2", "--tokens", "1M"], capsys, monkeypatch)
+    assert code == 2 and "sets its own depth" in err
+
+
+def test_variants_params_shows_each_variants_training_flops(capsys, monkeypatch):
+    code, out, _ = in_process(["variants", "--params"], capsys, monkeypatch)
+    run = resolve_run("control_block", "tiny", 0)
+    flops = training_flops(run, model_params(run.model)["non_embedding"])
+    line = next(row for row in out.splitlines() if row.split()[:1] == ["control_block"] and "e+" in row)
+    assert code == 0 and "Training compute at tiny" in out and f"{flops:.4g}" in line
+
+
+def _synthetic_ladder(store: RunStore, law: dict[str, float], worth: float, seeds: int, rng) -> None:
+    """Finished runs of standard and control_block at each size (steps from 20 tokens a parameter), their last eval
+    loss drawn from ``law`` at their real training compute (control_block's at ``worth`` times it), noise 0.01.
+    Every other run logs no train_flops: its compute is worked out from its recorded config."""
+    rungs = planning.request(["standard"], [1], "tiny", ladder=(parse_sizes(SIZES), TokenRule(per_param=20))).ladder
+    for i, rung in enumerate(rungs):
+        for variant, times in (("standard", 1.0), ("control_block", worth)):
+            for seed in range(seeds):
+                cfg = resolve_run(variant, "tiny", seed, [f"{k}={v}" for k, v in rung.settings.items()],
+                                  experiment="ladder")
+                compute = training_flops(cfg, model_params(cfg.model)["non_embedding"])
+                loss = law["e"] + law["a"] * (times * compute) ** -law["alpha"] + rng.normal(0, 0.01)
+                run_id = store.create_run(cfg, status=states.FINISHED, actor=states.IMPORTER, world_size=1)
+                store.update_run(run_id, step=cfg.train.steps)
+                rows = [(cfg.train.steps, "eval_loss", loss)]
+                store.log_metrics(run_id, rows + [(cfg.train.steps, "train_flops", compute)] * (seed % 2 == 0 or i))
+
+
+def test_the_scaling_study_recovers_a_known_law_from_a_database(workdir, capsys, monkeypatch):
+    store = RunStore(str(workdir / "runs.db"))
+    c0 = 1e12
+    law = {"e": 2.0, "a": 2.0 * c0**0.3, "alpha": 0.3}
+    _synthetic_ladder(store, law, worth=1.25, seeds=4, rng=np.random.default_rng(3))
+    name, frame = ladder(store)
+    assert name == "ladder" and len(frame) == 2 * len(SIZES) * 4 and frame["size"].nunique() == len(SIZES)
+    found = scaling.fits(frame, bootstrap=200)
+    base = found["standard"]
+    for key in ("e", "alpha"):
+        lo, hi = base.intervals[key]
+        assert lo <= law[key] <= hi, (key, base.intervals)
+    value, ci = scaling.multiplier(found["control_block"], base, float(frame["compute"].max()))
+    assert ci is not None and ci[0] <= 1.25 <= ci[1] and abs(value - 1.25) < 0.15
+
+    code, _, err = in_process(["report", "--scaling", "--out", workdir / "scaling.md"], capsys, monkeypatch)
+    assert code == 0, err
+    text = (workdir / "scaling.md").read_text()
+    assert "# Scaling study: ladder" in text and "### Compute-equivalent multiplier vs standard" in text
+    assert "(scaling_figures/scaling.png)" in text and (workdir / "scaling_figures" / "scaling.png").stat().st_size
+    assert all(f"| {size} " in text for size in SIZES)
+
+
+def test_a_ladder_below_four_sizes_says_so_and_gives_no_number(workdir, capsys, monkeypatch):
+    store = RunStore(str(workdir / "runs.db"))
+    for i, d in enumerate((32, 64, 96)):
+        cfg = resolve_run("standard", "tiny", 1, [f"d_model={d}", f"n_layer={i + 2}", f"n_head={d // 16}"],
+                          experiment="short")
+        run_id = store.create_run(cfg, status=states.FINISHED, actor=states.IMPORTER, world_size=1)
+        store.update_run(run_id, step=cfg.train.steps)
+        store.log_metrics(run_id, [(cfg.train.steps, "eval_loss", 4.0 - i)])
+    code, _, _ = in_process(["report", "--scaling", "--no-plots", "--out", workdir / "s.md"], capsys, monkeypatch)
+    text = (workdir / "s.md").read_text()
+    assert code == 0 and "3 sizes: too few points for a fit" in text
+    assert re.search(r"\| standard +\| +3 \| +3 \| — +\|", text) and "Compute-equivalent" not in text
+
+
+@pytest.mark.integration
+def test_a_real_tiny_ladder_trains_records_its_flops_and_fits(workdir):
+    attnres("scale", "standard", "--sizes", "32x1", "64x1", "96x1", "128x1", "--tokens", "40k", "--seeds", "1",
+            *BYTES, "--set", "batch_size=4", "--set", "seq_len=32", "--set", "eval_every=100000",
+            "--set", "eval_batches=2", "--set", "warmup=5", "--set", "log_every=10", check=True)
+    done = runs(workdir)
+    assert [r["status"] for r in done] == ["finished"] * 4 and {r["experiment"] for r in done} == {"tiny-scale"}
+    store = RunStore(str(workdir / "runs.db"))
+    _, frame = ladder(store)
+    last = store.latest_values([r["id"] for r in done], ["train_flops"])
+    for run in done:  # the trainer's own count at its last step is the FLOPs rule's for the config it trained
+        cfg = RunConfig.from_dict(json.loads(run["config_json"]))
+        want = training_flops(cfg, model_params(cfg.model)["non_embedding"])
+        assert last[run["id"]]["train_flops"] == pytest.approx(want, rel=1e-9)
+    assert sorted(frame["compute"]) == sorted(v["train_flops"] for v in last.values())
+    by_compute = frame.sort_values("compute")
+    assert list(by_compute["size"]) == ["32x1", "64x1", "96x1", "128x1"]
+    assert by_compute["loss"].iloc[-1] < by_compute["loss"].iloc[0] - 0.1  # the same tokens teach the larger more
+    fit = scaling.fits(frame)["standard"]
+    assert fit.ok and all(map(math.isfinite, (fit.e, fit.a, fit.alpha)))
+    grid = np.geomspace(frame["compute"].min(), frame["compute"].max() * 10, 50)
+    assert np.all(np.diff(fit.loss(grid)) <= 1e-12)  # the curve falls (or is flat) with compute
+    text = attnres("report", "--scaling", "--out", "scaling.md", check=True)
+    document = (workdir / "scaling.md").read_text()
+    assert "wrote scaling.md" in text.stdout and re.search(r"\| standard +\| +4 \| +4 \| +[0-9.e+-]+ \|", document)
+    assert "Only the baseline 'standard' is in the ladder" in document

@@ -11,10 +11,9 @@ import json
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import matplotlib.pyplot as plt
 import pandas as pd
-from matplotlib.figure import Figure
 
 from attnres import outputs
 from attnres.config import ModelConfig, RunConfig
@@ -33,19 +32,23 @@ from reports import costs
 from reports.analysis import Analysis, analyse
 from reports.document import Inputs, assemble, bands, report_parts
 from reports.plan import KINDS, MAX_SEEDS, Plan
-from reports.plots import delta_curves, depth_heatmaps, throughput_vs_delta
 from reports.scope import Scope, choose, holding, scopes_of, select, select_arms
 from reports.stats import ReportError
 from reports.tables import per_variant
 from reports.tuning import cells_as_arms, tune, tuning_markdown
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-def _save(fig: Figure, path: Path) -> None:
+
+def _save(fig: Figure, path: Path) -> None:  # (pyplot is imported where a figure is drawn: --no-plots skips it)
     """Write ``fig`` to ``path`` whole (:func:`attnres.outputs.atomic`): a viewer reloading it never shows half."""
     try:
         with outputs.atomic(path) as tmp:
             fig.savefig(tmp, dpi=110, bbox_inches="tight")
     finally:
+        import matplotlib.pyplot as plt
+
         plt.close(fig)
 
 
@@ -251,6 +254,8 @@ def figures_folder(out: Path) -> Path:
 
 def _figures(inp: Inputs, folder: Path, analysis: Analysis, link: Path) -> dict[str, str]:
     """Draw the document's figures into ``folder`` (``link`` from the document); returns {caption: link}."""
+    from reports.plots import delta_curves, depth_heatmaps, throughput_vs_delta  # (pyplot only when drawing)
+
     figures = {}
     intervals = {v: c.ci for v, c in analysis.by_variant.items()}
     _save(delta_curves(inp.runs, inp.evals, inp.baseline, deep=set(inp.deep), bands=bands(analysis)),
@@ -349,6 +354,8 @@ def compare(store: RunStore, variants: list[str], step: int | None = None, plot:
         raise AttnresError(f"cannot compare: {exc}{where}") from None
     if plot is not None:
         levels = stats.attrs["levels"]
+        from reports.plots import delta_curves
+
         _save(delta_curves(res.runs, res.evals, labels[0], labels, bands={v: (None, levels[v]) for v in labels}),
               plot)
     return result
@@ -373,5 +380,7 @@ def inspect(store: RunStore, run_id: int, out: Path, step: int | None = None) ->
     at = have[-1] if step is None else step
     weights = store.depth_maps([run_id], at)
     ended = f", {run['status']}" if run["status"] in EARLY else ""
+    from reports.plots import depth_heatmaps
+
     _save(depth_heatmaps({f"run {run_id}: {run['variant']} s{run['seed']}, step {at:,}{ended}": weights}), out)
     return at, summary(matrix(weights))

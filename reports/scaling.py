@@ -306,7 +306,7 @@ def document(runs: pd.DataFrame, found: dict[str, Fit], baseline: str, experimen
 
 def figure(runs: pd.DataFrame, found: dict[str, Fit]) -> object:
     """Loss against compute on log axes: each run a point, each fitted law a line (extended to 10× the ladder)."""
-    import matplotlib.pyplot as plt
+    from reports.plots import plt  # (with its headless backend)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     lo, hi = float(runs["compute"].min()), float(runs["compute"].max()) * EXTRAPOLATE[0]

@@ -33,10 +33,16 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[Tensor, Tensor]:
-    """cos/sin tables of shape (seq_len, head_dim/2) for rotary position embedding."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-    ang = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv)
-    return ang.cos(), ang.sin()
+    """cos/sin tables of shape (seq_len, head_dim/2) for rotary position embedding, on the default device.
+
+    The positions are counted on the CPU and the tables moved: ``arange`` on the meta device (where ``attnres
+    variants --params`` and every report build models to count their parameters) goes through torch's Python
+    reference ops, whose first use imports ``torch._dynamo`` (about 1 s of each report)."""
+    cpu = torch.device("cpu")
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=cpu) / head_dim))
+    ang = torch.outer(torch.arange(seq_len, dtype=torch.float32, device=cpu), inv)
+    device = torch.get_default_device()
+    return ang.cos().to(device), ang.sin().to(device)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

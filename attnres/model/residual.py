@@ -102,7 +102,8 @@ class DepthAttention(nn.Module):
             self.alibi_slope = nn.Parameter(torch.zeros(self.n_sites))
         if spec.query_rank:
             r = spec.query_rank
-            self.query_down = nn.Parameter(torch.randn(self.n_sites, d_model, r) / math.sqrt(d_model))
+            # N(0, 1/d) through nn.init, so that a parameter count on the meta device can skip it
+            self.query_down = nn.Parameter(nn.init.normal_(torch.empty(self.n_sites, d_model, r), std=d_model**-0.5))
             self.query_up = nn.Parameter(torch.zeros(self.n_sites, r, d_model))
         if spec.value_proj:
             self.value_delta = nn.Parameter(torch.zeros(d_model, d_model))
@@ -111,7 +112,10 @@ class DepthAttention(nn.Module):
             # from 1 rad down to 1/n_pos, so even the slowest pair turns ~1 rad across the whole depth
             # (with the token RoPE's base 10000 most pairs would barely turn over ~17 positions)
             base = float(max(self.n_pos, 2))
-            inv = 1.0 / (base ** (torch.arange(0, d_model, 2, dtype=torch.float32) / d_model))
+            # (counted on the CPU: see attnres.model.gpt.rope_tables on arange and the meta device)
+            cpu = torch.device("cpu")
+            inv = 1.0 / (base ** (torch.arange(0, d_model, 2, dtype=torch.float32, device=cpu) / d_model))
+            inv = inv.to(torch.get_default_device())
             self.register_buffer("rope_inv_freq", inv, persistent=False)
         self.record = False
         self.records: list[SiteRecord] = []

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from attnres.errors import AttnresError
@@ -71,6 +73,32 @@ def variant_rows(preset: str | None) -> list[dict[str, object]]:
     return rows
 
 
+#: the initializers a model calls (torch.nn.init); on the meta device they have no values to fill
+_INITS = ("normal_", "uniform_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_",
+          "trunc_normal_", "zeros_", "ones_", "constant_", "orthogonal_")
+
+
+@contextlib.contextmanager
+def _no_init() -> Iterator[None]:
+    """Skip ``torch.nn.init`` while a model is built on the meta device to be counted. A meta tensor has no values,
+    so an initializer there does nothing but dispatch to torch's Python reference ops, whose first use imports
+    ``torch._dynamo``: about 1.1 s of every report and ``attnres variants --params`` on this machine."""
+    import torch.nn.init as init
+
+    saved = {name: getattr(init, name) for name in _INITS}
+    try:
+        for name in _INITS:
+            setattr(init, name, _unchanged)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(init, name, fn)
+
+
+def _unchanged(tensor: object, *_args: object, **_kwargs: object) -> object:
+    return tensor
+
+
 @functools.lru_cache(maxsize=256)
 def model_params(cfg: ModelConfig) -> dict[str, int]:
     """A model's parameter counts (total, non_embedding, residual_extra and the depth split), built on the
@@ -79,7 +107,7 @@ def model_params(cfg: ModelConfig) -> dict[str, int]:
 
     from attnres.model.gpt import GPT
 
-    with torch.device("meta"):
+    with torch.device("meta"), _no_init():
         model = GPT(cfg)
     split = model.residual.param_counts() if hasattr(model.residual, "param_counts") else {}
     return {**model.num_params(), **split}

@@ -32,6 +32,7 @@ from reports import costs
 from reports.analysis import Analysis, analyse
 from reports.document import Inputs, assemble, bands, report_parts
 from reports.plan import KINDS, MAX_SEEDS, Plan
+from reports.scaling import ladder_note
 from reports.scope import Scope, choose, holding, scopes_of, select, select_arms
 from reports.stats import ReportError
 from reports.tables import per_variant
@@ -173,6 +174,7 @@ def write_report(store: RunStore, out: Path, baseline: str = "standard", step: i
         scope, tuned = replace(scope, tuned=None), None
         notes.append(note)
     _one_variant(runs, scope, others, baseline)
+    notes += ladder_note(store.run_table(experiment=scope.experiment), scope.experiment, db_args(store))  # (scaling)
     res = store.load_results(step=step, runs=runs)
     table = _tuned(res, tuned)
     if len(res.superseded):

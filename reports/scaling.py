@@ -55,6 +55,19 @@ def ladder_experiments(runs: pd.DataFrame, finished: str = "finished") -> list[s
     return [str(e) for e in newest[sizes >= 2].sort_values(ascending=False).index]
 
 
+def ladder_note(runs: pd.DataFrame, experiment: str, db: list[str]) -> list[str]:
+    """A line for the results document when its experiment is a compute ladder (finished runs at several model
+    sizes, each size a cell of that document): the command that writes the scaling study."""
+    import shlex
+
+    if experiment not in ladder_experiments(runs):
+        return []
+    sizes = {size_of(c) for c in runs.loc[runs["status"] == "finished", "config_json"]} - {None}
+    command = shlex.join(["attnres", "report", "--scaling", "--experiment", experiment, *db])
+    return [f"Experiment {experiment} is a compute ladder ({len(sizes)} model sizes; this document compares one): "
+            f"`{command}` fits L(C) = E + A·C^(−α) per variant over all of them."]
+
+
 def ladder_runs(runs: pd.DataFrame, last: Mapping[int, Mapping[str, float]],
                 compute_of: Mapping[int, float] | None = None) -> pd.DataFrame:
     """One row per run with a final eval loss (variant, seed, size, compute in FLOPs, loss): what the fits take.

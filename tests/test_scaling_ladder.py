@@ -17,7 +17,7 @@ from attnres.runs import planning
 from attnres.runs.ladder import TokenRule, parse_sizes
 from attnres.tracking import states
 from attnres.tracking.run_store import RunStore
-from attnres.variants.describe import model_params
+from attnres.variants.describe import flops_rows, model_params
 from attnres.variants.registry import resolve_run
 from reports import scaling
 from reports.build_scaling import ladder
@@ -64,11 +64,17 @@ def test_bad_ladders_are_one_line_and_record_nothing(workdir, capsys, monkeypatc
 
 
 def test_variants_params_shows_each_variants_training_flops(capsys, monkeypatch):
-    code, out, _ = in_process(["variants", "--params"], capsys, monkeypatch)
+    from cli import app as cli_app
+
+    monkeypatch.setattr(cli_app.console, "width", 250)  # (a console made before COLUMNS was set folds at 160)
+    code, out, err = in_process(["variants", "--params"], capsys, monkeypatch)
+    assert code == 0, err
     run = resolve_run("control_block", "tiny", 0)
     flops = training_flops(run, model_params(run.model)["non_embedding"])
-    line = next(row for row in out.splitlines() if row.split()[:1] == ["control_block"] and "e+" in row)
-    assert code == 0 and "Training compute at tiny" in out and f"{flops:.4g}" in line
+    rows = {row["variant"]: row for row in flops_rows("tiny")}
+    assert rows["control_block"]["train FLOPs"] == f"{flops:.4g}" and rows["standard"]["vs standard"] == "+0.00%"
+    assert rows["control_block"]["depth FLOPs/token"] != "0" and rows["standard"]["depth FLOPs/token"] == "0"
+    assert code == 0 and "Training compute at tiny" in out and f"{flops:.4g}" in out  # (however wide the table)
 
 
 def _synthetic_ladder(store: RunStore, law: dict[str, float], worth: float, seeds: int, rng) -> None:
@@ -110,6 +116,11 @@ def test_the_scaling_study_recovers_a_known_law_from_a_database(workdir, capsys,
     assert "# Scaling study: ladder" in text and "### Compute-equivalent multiplier vs standard" in text
     assert "(scaling_figures/scaling.png)" in text and (workdir / "scaling_figures" / "scaling.png").stat().st_size
     assert all(f"| {size} " in text for size in SIZES)
+    # the results document compares one size of the ladder, and says where the study of all of them is
+    code, _, err = in_process(["report", "--out", workdir / "main.md", "--no-plots"], capsys, monkeypatch)
+    assert code == 0, err
+    assert "Experiment ladder is a compute ladder (6 model sizes; this document compares one): `attnres report " \
+           "--scaling --experiment ladder`" in (workdir / "main.md").read_text()
 
 
 def test_a_ladder_below_four_sizes_says_so_and_gives_no_number(workdir, capsys, monkeypatch):

@@ -124,54 +124,71 @@ def paired(a: dict[int, float], b: dict[int, float]) -> tuple[int, float, float,
     return len(diffs), mean, float(res.statistic), float(res.pvalue)
 
 
-def _two_sided(df: float, nc: float, alpha: float) -> float:
-    """Power of a two-sided t-test with ``df`` degrees of freedom at noncentrality ``nc`` (noncentral t).
+def _two_sided(df: np.ndarray | float, nc: np.ndarray | float, alpha: float) -> np.ndarray:
+    """Power of a two-sided t-test with ``df`` degrees of freedom at noncentrality ``nc`` (noncentral t), elementwise:
+    a seed-count search asks for many counts in one call (scipy's per-call overhead, not the maths, is its cost).
 
     scipy's noncentral t returns NaN for some far tails (the lower one, against a large noncentrality,
     where the probability is below 1e-30): such a tail counts as 0 (its complement as 1), so a large
     effect gets its power of about 1 instead of a NaN that would stop the search for a seed count.
     """
+    df, nc = np.broadcast_arrays(np.asarray(df, dtype=float), np.asarray(nc, dtype=float))
     crit = stats.t.ppf(1 - alpha / 2, df)
-    upper = float(stats.nct.sf(crit, df, nc))
-    if not math.isfinite(upper):
-        upper = 1.0 - float(stats.nct.cdf(crit, df, nc))
-    if not math.isfinite(upper):
-        upper = 1.0 if nc > crit else 0.0
-    lower = float(stats.nct.cdf(-crit, df, nc))
-    return min(1.0, upper + (lower if math.isfinite(lower) else 0.0))
+    upper = np.asarray(stats.nct.sf(crit, df, nc), dtype=float)
+    bad = ~np.isfinite(upper)
+    if bad.any():
+        upper = upper.copy()
+        upper[bad] = 1.0 - np.asarray(stats.nct.cdf(crit[bad], df[bad], nc[bad]), dtype=float)
+        still = ~np.isfinite(upper)
+        upper[still] = np.where(nc[still] > crit[still], 1.0, 0.0)
+    lower = np.asarray(stats.nct.cdf(-crit, df, nc), dtype=float)
+    return np.minimum(1.0, upper + np.where(np.isfinite(lower), lower, 0.0))
+
+
+def _t_powers(n: np.ndarray, effect: float, alpha: float) -> np.ndarray:
+    return _two_sided(2 * n - 2, abs(effect) * np.sqrt(n / 2), alpha)
+
+
+def _paired_powers(n: np.ndarray, effect: float, alpha: float) -> np.ndarray:
+    return _two_sided(n - 1, abs(effect) * np.sqrt(n), alpha)
 
 
 def t_power(n: int, effect: float, alpha: float = ALPHA) -> float:
     """Exact power of a two-sided two-sample t-test with ``n`` per arm at standardized ``effect``
     (noncentral t with 2n - 2 degrees of freedom)."""
-    return _two_sided(2 * n - 2, abs(effect) * math.sqrt(n / 2), alpha)
+    return float(_t_powers(np.asarray(float(n)), effect, alpha))
 
 
 def paired_power(n: int, effect: float, alpha: float = ALPHA) -> float:
     """Exact power of a two-sided paired t-test over ``n`` pairs at ``effect`` = Δ / σ of the differences
     (noncentral t with n - 1 degrees of freedom: statsmodels' ``TTestPower``)."""
-    return _two_sided(n - 1, abs(effect) * math.sqrt(n), alpha)
+    return float(_paired_powers(np.asarray(float(n)), effect, alpha))
 
 
-def _smallest(power_of: Callable[[int], float], start: int, power: float, limit: int) -> float:
-    """The smallest n >= 2 with ``power_of(n) >= power`` (power rises with n), searched from ``start``:
-    a handful of noncentral-t evaluations, whatever the count; inf past ``limit``."""
-    lo = int(min(limit, max(2, start)))
-    hi = lo
-    while power_of(hi) < power:
-        if hi >= limit:
+WINDOW = 16  # seed counts a search evaluates in one call, doubled while the answer is not inside
+
+
+def _smallest(powers: Callable[[np.ndarray], np.ndarray], start: int, power: float, limit: int) -> float:
+    """The smallest n >= 2 with power ``powers(n) >= power`` (power rises with n; ``powers`` takes an array of
+    counts), searched in windows around ``start``: one or two scipy calls, whatever the count; inf past ``limit``."""
+    start = int(min(limit, max(2, start)))
+    lo, width = max(2, start - 4), WINDOW
+    enough: int | None = None  # the smallest count known to be enough
+    while True:
+        hi = min(limit, lo + width - 1) if enough is None else enough - 1
+        counts = np.arange(lo, hi + 1, dtype=float)
+        ok = np.flatnonzero(powers(counts) >= power) if len(counts) else np.array([], dtype=int)
+        if len(ok):
+            enough = int(counts[ok[0]])
+            if ok[0] > 0 or lo == 2:
+                return float(enough)
+            lo, width = max(2, lo - width), width * 2  # the normal approximation overshot: look below
+        elif enough is not None:
+            return float(enough)
+        elif hi >= limit:
             return math.inf
-        lo, hi = hi + 1, min(limit, hi + 1 + hi // 8)
-    while lo > 2 and power_of(lo - 1) >= power:  # (the approximation overshot: rare)
-        lo -= 1
-        hi = lo
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if power_of(mid) >= power:
-            hi = mid
         else:
-            lo = mid + 1
-    return float(hi)
+            lo, width = hi + 1, width * 2
 
 
 def seeds_needed(delta: float, std_a: float, std_b: float, alpha: float = ALPHA, power: float = POWER,
@@ -190,7 +207,7 @@ def seeds_needed(delta: float, std_a: float, std_b: float, alpha: float = ALPHA,
     effect = abs(delta) / sigma
     # bracket from the normal approximation (the t-test needs a little more than the z-test), then bisect
     z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
-    return _smallest(lambda n: t_power(n, effect, alpha), math.ceil(2 * (z / effect) ** 2), power, limit)
+    return _smallest(lambda n: _t_powers(n, effect, alpha), math.ceil(2 * (z / effect) ** 2), power, limit)
 
 
 def pairs_needed(delta: float, sd_diff: float, alpha: float = ALPHA, power: float = POWER,
@@ -203,7 +220,7 @@ def pairs_needed(delta: float, sd_diff: float, alpha: float = ALPHA, power: floa
         return 2.0
     effect = abs(delta) / sd_diff
     z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
-    return _smallest(lambda n: paired_power(n, effect, alpha), math.ceil((z / effect) ** 2), power, limit)
+    return _smallest(lambda n: _paired_powers(n, effect, alpha), math.ceil((z / effect) ** 2), power, limit)
 
 
 UPPER = 0.8  # the confidence of the spread's upper bound that seed counts are also given at

@@ -132,3 +132,11 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
                     "(`@pytest.mark.integration`, or `pytestmark = pytest.mark.integration` for a module): "
                     + "; ".join(every[:5]), pytrace=False)
     return result
+
+
+# -- the order two workers take the tests in -----------------------------------------------------------
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that start processes (the long ones) first, the in-process ones after, each part in its own order.
+    Two workers take tests as they finish: with the long ones first, the suite ends on short tests, not on one
+    worker's 40-s kill test while the other has nothing left. (A module fixture is then set up at most twice.)"""
+    items.sort(key=lambda item: item.get_closest_marker("integration") is None)

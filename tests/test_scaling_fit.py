@@ -67,3 +67,14 @@ def test_training_flops_count_the_depth_attention_by_its_sources():
     assert base >= 6 * params * flops.tokens_per_step(std) * std.train.steps
     assert flops.training_flops(full, params) > flops.training_flops(
         resolve_run("full_attnres", "tiny", 1, ["n_layer=1"]), params)
+
+
+def test_a_fit_at_its_bound_or_outside_its_interval_says_so():
+    runs = ladder("standard", seeds=2)
+    fit = scaling.fit_variant(runs, "standard", bootstrap=50)
+    at_zero = scaling.Fit("v", 8, 4, e=0.0, a=fit.a, alpha=fit.alpha, intervals=dict(fit.intervals))
+    row = scaling.fit_table({"v": at_zero}).iloc[0]
+    assert row["E"] == "0" and "E at its bound 0" in row["note"]
+    moved = scaling.Fit("v", 8, 4, e=fit.intervals["e"][1] + 1, a=fit.a, alpha=fit.alpha, intervals=dict(fit.intervals))
+    assert "E outside its bootstrap interval" in scaling.fit_table({"v": moved}).iloc[0]["note"]
+    assert scaling.fit_table({"v": fit}).iloc[0]["note"] == ""  # a good fit says nothing more

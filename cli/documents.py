@@ -58,7 +58,9 @@ def report(
         from attnres.variants.registry import canonical
         from reports.build_scaling import write_scaling
 
-        write_scaling(store, out, canonical(baseline), plots, experiment, figures)
+        given = {"--step": step, "--preset": preset, "--budget": budget, "--data": data, "--set": set_,
+                 "--tuned": tuned}
+        write_scaling(store, out, canonical(baseline), plots, experiment, figures, refused=given)
         console.print(f"wrote {out}")
         return
 

@@ -108,13 +108,15 @@ def start_runs(variant: list[str], seeds: list[int] | None, preset: str, experim
                ladder: tuple | None = None) -> None:
     """What `launch` and `scale` do: check the request, print the plan, and (unless a dry run) start the queue."""
     from attnres.runs import backends, orchestrator, planning
+    from attnres.runs.ladder import warning as ladder_warning
     from attnres.tracking.db import normalize_url
 
     given = {k: v for k, v in flags.items() if v is not None} | key_values(backend_opt or [], "--backend-opt")
     placement = backends.get(backend).placement(nproc, given)
     req = planning.request(variant, seeds, preset, steps, set_, data, backend, placement, kill_if_worse_than,
                            by, at_step, force, experiment, mirror, on_end, ladder)
-    for warning in (planning.on_end_warning(on_end), backends.get(req.backend).warning(req.placement)):
+    for warning in (planning.on_end_warning(on_end), backends.get(req.backend).warning(req.placement),
+                    ladder_warning([r.size for r in req.ladder]) if req.ladder else None):
         if warning:
             err.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
     for rung in req.ladder:

@@ -2,29 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
 import typer
 
-from attnres.errors import AttnresError
 from attnres.runs import DEFAULT_BACKEND
 from cli.app import DbOpt, SeedsOpt, app
-
-_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9}
-
-
-def parse_tokens(value: str | None) -> int | None:
-    """``--tokens`` as a whole number of tokens: ``2000000``, ``2e6``, ``2M`` or ``500k``."""
-    if value is None:
-        return None
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmbg]?)\s*", value.lower())
-    if not match:
-        raise AttnresError(f"bad --tokens '{value}': a number of tokens, e.g. --tokens 2000000, 2e6 or 2M")
-    tokens = float(match[1]) * _SUFFIX[match[2]]
-    if tokens < 1:
-        raise AttnresError(f"bad --tokens '{value}': give at least one token")
-    return round(tokens)
 
 
 def parse_sizes(values: list[str] | None) -> list[str] | None:
@@ -71,7 +54,7 @@ def scale(
 
     Every cell is an ordinary run (resumable, in `status`, mirrored); `attnres report --scaling` fits
     L(C) = E + A·C^(−α) per variant over them and gives each variant's compute-equivalent multiplier."""
-    from attnres.runs.ladder import TokenRule
+    from attnres.runs.ladder import TokenRule, parse_tokens
     from attnres.runs.ladder import parse_sizes as read_sizes
     from cli.main import start_runs
 

@@ -63,8 +63,15 @@ def ladder(store: RunStore, experiment: str | None = None) -> tuple[str, pd.Data
 
 def write_scaling(store: RunStore, out: Path, baseline: str = "standard", plots: bool = True,
                   experiment: str | None = None, figures: Path | None = None,
-                  bootstrap: int = scaling.BOOTSTRAP) -> str:
-    """Write the scaling study of one ladder: fits, multipliers and (with ``plots``) the log-log figure."""
+                  bootstrap: int = scaling.BOOTSTRAP, refused: dict[str, object] | None = None) -> str:
+    """Write the scaling study of one ladder: fits, multipliers and (with ``plots``) the log-log figure.
+
+    ``refused``: the results document's scope options as given (flag -> value); a ladder spans sizes, budgets and
+    steps by design, so any of them given is one line, not silently ignored."""
+    for flag, value in (refused or {}).items():
+        if value is not None and value != []:
+            raise AttnresError(f"{flag} picks a scope of the results document; --scaling takes a whole ladder "
+                               "(--experiment picks which)")
     outputs.check(out, example="scaling.md")
     folder = figures or figures_folder(out)
     if plots:

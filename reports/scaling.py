@@ -46,13 +46,14 @@ def size_of(config_json: object) -> str | None:
 
 
 def ladder_experiments(runs: pd.DataFrame, finished: str = "finished") -> list[str]:
-    """Experiments whose finished runs span at least two model sizes, the most recently started first."""
+    """Experiments where some variant has finished runs at two model sizes or more (a ladder: not a deep variant's
+    other shape beside the baseline's), the most recently started first."""
     done = runs[runs["status"] == finished].assign(size=[size_of(c) for c in runs.loc[runs["status"] == finished,
                                                                                        "config_json"]])
     done = done[done["size"].notna()]
-    sizes = done.groupby("experiment")["size"].nunique()
+    sizes = done.groupby(["experiment", "variant"])["size"].nunique().groupby(level=0).max()
     newest = done.groupby("experiment")["id"].max()
-    return [str(e) for e in newest[sizes >= 2].sort_values(ascending=False).index]
+    return [str(e) for e in newest[sizes.reindex(newest.index) >= 2].sort_values(ascending=False).index]
 
 
 def ladder_note(runs: pd.DataFrame, experiment: str, db: list[str]) -> list[str]:
@@ -62,41 +63,43 @@ def ladder_note(runs: pd.DataFrame, experiment: str, db: list[str]) -> list[str]
 
     if experiment not in ladder_experiments(runs):
         return []
-    sizes = {size_of(c) for c in runs.loc[runs["status"] == "finished", "config_json"]} - {None}
+    done = runs[runs["status"] == "finished"]
+    sizes = max(len({size_of(c) for c in g["config_json"]} - {None}) for _, g in done.groupby("variant"))
     command = shlex.join(["attnres", "report", "--scaling", "--experiment", experiment, *db])
-    return [f"Experiment {experiment} is a compute ladder ({len(sizes)} model sizes; this document compares one): "
+    return [f"Experiment {experiment} is a compute ladder ({sizes} model sizes; this document compares one): "
             f"`{command}` fits L(C) = E + A·C^(−α) per variant over all of them."]
 
 
 def ladder_runs(runs: pd.DataFrame, last: Mapping[int, Mapping[str, float]],
                 compute_of: Mapping[int, float] | None = None) -> pd.DataFrame:
-    """One row per run with a final eval loss (variant, seed, size, compute in FLOPs, loss): what the fits take.
+    """One row per run with a final eval loss (variant, setting, seed, size, compute in FLOPs, loss): what the fits
+    take.
 
     ``last``: each run's last ``eval_loss`` and ``train_flops`` (the trainer records the compute as it goes);
-    ``compute_of``: the compute worked out from the config, for runs recorded before ``train_flops`` was. A variant
-    whose runs differ in a setting other than the ladder's is split into one curve per setting
-    (``variant@key=value``): they are not points of one law."""
-    from attnres.runs.grid import settings
+    ``compute_of``: the compute worked out from the config, for runs recorded before ``train_flops`` was. Where a
+    setting other than the ladder's takes several values within a variant (a swept ``lr``), each value is a curve of
+    its own, ``variant@lr=...``, and ``setting`` says which (a variant's curve is compared with the baseline's at the
+    same setting). Runs without a model config, a final eval loss or a finite compute are left out; how many is
+    in ``attrs["left_out"]``."""
+    from attnres.runs.grid import settings, swept_keys
 
-    rows = []
-    for run in runs.itertuples():
+    have = [(run, settings(run.config_json)) for run in runs.itertuples()]
+    swept = [k for k in swept_keys([(str(run.variant), s) for run, s in have]) if k not in LADDER_KEYS]
+    rows, left_out = [], 0
+    for run, values_of in have:
         values = last.get(int(run.id), {})
         compute = values.get("train_flops") or (compute_of or {}).get(int(run.id))
-        size = size_of(run.config_json)
-        if "eval_loss" not in values or not compute or size is None:
+        loss, size = values.get("eval_loss"), size_of(run.config_json)
+        if size is None or loss is None or not compute or not (math.isfinite(loss) and math.isfinite(compute)):
+            left_out += 1
             continue
-        other = {k: v for k, v in settings(run.config_json).items() if k not in LADDER_KEYS}
-        rows.append({"variant": str(run.variant), "other": json.dumps(other, sort_keys=True), "seed": int(run.seed),
-                     "size": size, "compute": float(compute), "loss": float(values["eval_loss"]),
+        setting = ",".join(f"{k}={values_of[k]}" for k in swept if k in values_of)
+        rows.append({"variant": str(run.variant) + (f"@{setting}" if setting else ""), "setting": setting,
+                     "seed": int(run.seed), "size": size, "compute": float(compute), "loss": float(loss),
                      "run_id": int(run.id)})
-    frame = pd.DataFrame(rows, columns=["variant", "other", "seed", "size", "compute", "loss", "run_id"])
-    for variant, grp in frame.groupby("variant"):
-        if grp["other"].nunique() > 1:
-            base = json.loads(grp["other"].iloc[0])
-            for i in grp.index:
-                diff = {k: v for k, v in json.loads(frame.at[i, "other"]).items() if base.get(k) != v} or base
-                frame.at[i, "variant"] = f"{variant}@" + ",".join(f"{k}={v}" for k, v in sorted(diff.items()))
-    return frame.drop(columns="other")
+    frame = pd.DataFrame(rows, columns=["variant", "setting", "seed", "size", "compute", "loss", "run_id"])
+    frame.attrs["left_out"] = left_out
+    return frame
 
 
 def law(c: np.ndarray, e: float, a: float, alpha: float) -> np.ndarray:
@@ -160,7 +163,7 @@ def fit_variant(runs: pd.DataFrame, variant: str, bootstrap: int = BOOTSTRAP, se
         fit.reason = "the least-squares fit did not converge"
         return fit
     fit.e, fit.a, fit.alpha = point
-    groups = [g for _, g in mine.groupby("size")]
+    groups = [g.sort_values("seed", kind="stable") for _, g in mine.groupby("size")]  # (see multiplier)
     if all(len(g) < 2 for g in groups):
         return fit  # one seed a size: nothing to resample, no interval
     rng = np.random.default_rng(seed)
@@ -197,10 +200,11 @@ def equivalent_compute(base: tuple[float, float, float], loss: np.ndarray) -> np
 
 def multiplier(variant: Fit, base: Fit, compute: float) -> tuple[float, tuple[float, float] | None]:
     """The variant's compute-equivalent multiplier against the baseline at ``compute``, and its bootstrap interval
-    (replicates of the two fits paired by index: each was drawn independently)."""
+    (None unless both fits have intervals). Replicate i of the two fits is paired: both draw with one generator
+    seed over their seeds sorted, so where the variants share seeds a replicate resamples the same seeds in both."""
     at = float(equivalent_compute((base.e, base.a, base.alpha), variant.loss(compute)) / compute)
     n = min(len(variant.replicates), len(base.replicates))
-    if n < BOOTSTRAP // 4:
+    if not (variant.intervals and base.intervals) or n < 2:
         return at, None
     v = np.array(variant.replicates[:n])
     b = np.array(base.replicates[:n])
@@ -209,8 +213,9 @@ def multiplier(variant: Fit, base: Fit, compute: float) -> tuple[float, tuple[fl
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         eq = np.where(gap > 0, np.power(b[:, 1] / np.where(gap > 0, gap, 1.0), 1.0 / b[:, 2]), np.inf) / compute
     tail = (1 - LEVEL) / 2 * 100
-    lo, hi = np.percentile(eq, [tail, 100 - tail])
-    return at, (float(lo), float(hi))
+    big = np.finfo(float).max  # (an unbounded replicate as the largest float: percentiles then never read inf − inf)
+    lo, hi = (math.inf if x >= big / 2 else float(x) for x in np.percentile(np.minimum(eq, big), [tail, 100 - tail]))
+    return at, (lo, hi)
 
 
 def fits(runs: pd.DataFrame, bootstrap: int = BOOTSTRAP) -> dict[str, Fit]:
@@ -260,16 +265,19 @@ def _times(x: float) -> str:
 def multiplier_table(runs: pd.DataFrame, found: dict[str, Fit], baseline: str) -> pd.DataFrame:
     """Each variant's compute-equivalent multiplier against the baseline at each ladder size (the variant's own
     compute there) and extrapolated to 10× and 100× the largest compute; '—' where either law is missing."""
-    base = found.get(baseline)
     rows = []
+    setting_of = dict(zip(runs["variant"], runs["setting"], strict=True)) if "setting" in runs else {}
     for name, f in found.items():
-        if name == baseline:
+        setting = setting_of.get(name, "")
+        mine_base = f"{baseline}@{setting}" if setting and f"{baseline}@{setting}" in found else baseline
+        if name == mine_base:
             continue
+        base = found.get(mine_base)  # (a swept curve against the baseline's at the same setting)
         mine = runs[runs["variant"] == name]
         at = {str(size): float(g["compute"].median()) for size, g in mine.groupby("size", sort=False)}
         top = float(runs["compute"].max())
         at |= {f"{k:g}× largest": top * k for k in EXTRAPOLATE}
-        row: dict[str, str] = {"variant": name}
+        row: dict[str, str] = {"variant": name, "against": mine_base}
         for label, compute in at.items():
             if base is None or not base.ok or not f.ok:
                 row[label] = "—"
@@ -277,7 +285,8 @@ def multiplier_table(runs: pd.DataFrame, found: dict[str, Fit], baseline: str) -
             value, ci = multiplier(f, base, compute)
             row[label] = _times(value) + (f" [{_times(ci[0])}, {_times(ci[1])}]" if ci else "")
         rows.append(row)
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    return table.drop(columns="against") if not table.empty and (table["against"] == baseline).all() else table
 
 
 def ladder_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -306,10 +315,11 @@ def section(runs: pd.DataFrame, baseline: str, figure: str | None = None, bootst
              f"true parameters 85-93% of the time: read them as a little narrow). A fit needs at least {MIN_SIZES} "
              "sizes.", "",
              fit_table(found).to_markdown(index=False), ""]
-    if baseline in found and len(found) == 1:
+    bases = [v for v in found if v == baseline or v.startswith(f"{baseline}@")]
+    if bases and len(found) == len(bases):
         lines += [f"Only the baseline '{baseline}' is in the ladder: no variant to give a multiplier for "
                   "(`attnres scale` the variants at the same sizes).", ""]
-    elif baseline in found:
+    elif bases:
         lines += [f"### Compute-equivalent multiplier vs {baseline}", "",
                   "The compute the baseline's curve needs to reach each variant's loss, divided by the variant's "
                   "compute (above 1×: the variant is worth more compute than it costs); 95% bootstrap interval.", "",
@@ -326,6 +336,10 @@ def document(runs: pd.DataFrame, found: dict[str, Fit], baseline: str, experimen
     """The scaling study of one ladder: where its numbers come from, the ladder's runs, fits and multipliers."""
     lines = [f"# Scaling study: {experiment}", "",
              *[f"- **{k.capitalize()}:** {v}" for k, v in facts.items()], ""]
+    if runs.attrs.get("left_out"):
+        n = runs.attrs["left_out"]
+        lines += [f"{n} finished run{'s' * (n != 1)} left out: no model config (a run imported from elsewhere), no "
+                  "final eval loss, or a loss or compute that is not a finite number.", ""]
     if not runs.empty:
         lines += ["## Ladder", "", "Each size's finished runs: median training compute and the last eval loss "
                   "(mean ± standard deviation over seeds).", "", ladder_table(runs).to_markdown(index=False), ""]

@@ -8,6 +8,7 @@ import math
 import re
 
 import numpy as np
+import pandas as pd
 import pytest
 from helpers import BYTES, attnres, in_process, runs
 
@@ -51,6 +52,9 @@ def test_a_ladder_is_one_cell_a_size_with_the_steps_of_its_token_rule():
     (["--sizes", "32x2"], "needs one token rule"),
     (["--sizes", "32x2", "--tokens", "1M", "--tokens-per-param", "20"], "needs one token rule"),
     (["--sizes", "32x2", "--tokens", "lots"], "bad --tokens 'lots'"),
+    (["--sizes", "32x2", "--tokens", "1e400"], "bad --tokens '1e400'"),
+    (["--sizes", "32x2", "--tokens-per-param", "1e12"], "up to 1e9"),
+    (["--sizes", "32x2", "64x2", "control_block", "--tokens", "1M"], "(variants go before --sizes)"),
     (["--sizes", "32x2", "--tokens-per-param", "-1"], "--tokens-per-param -1"),
     (["--sizes", "32x2", "--tokens", "1M", "--set", "n_layer=3"], "a ladder sets d_model, n_layer"),
     (["--sizes", "32x2", "--tokens", "1M", "--set", "batch_size=4,8"], "sweeps how many tokens a step"),
@@ -80,9 +84,9 @@ def test_variants_params_shows_each_variants_training_flops(capsys, monkeypatch)
 def _synthetic_ladder(store: RunStore, law: dict[str, float], worth: float, seeds: int, rng) -> None:
     """Finished runs of standard and control_block at each size (steps from 20 tokens a parameter), their last eval
     loss drawn from ``law`` at their real training compute (control_block's at ``worth`` times it), noise 0.01.
-    Every other run logs no train_flops: its compute is worked out from its recorded config."""
+    The odd seeds log no train_flops: their compute is worked out from their recorded config."""
     rungs = planning.request(["standard"], [1], "tiny", ladder=(parse_sizes(SIZES), TokenRule(per_param=20))).ladder
-    for i, rung in enumerate(rungs):
+    for rung in rungs:
         for variant, times in (("standard", 1.0), ("control_block", worth)):
             for seed in range(seeds):
                 cfg = resolve_run(variant, "tiny", seed, [f"{k}={v}" for k, v in rung.settings.items()],
@@ -92,7 +96,7 @@ def _synthetic_ladder(store: RunStore, law: dict[str, float], worth: float, seed
                 run_id = store.create_run(cfg, status=states.FINISHED, actor=states.IMPORTER, world_size=1)
                 store.update_run(run_id, step=cfg.train.steps)
                 rows = [(cfg.train.steps, "eval_loss", loss)]
-                store.log_metrics(run_id, rows + [(cfg.train.steps, "train_flops", compute)] * (seed % 2 == 0 or i))
+                store.log_metrics(run_id, rows + [(cfg.train.steps, "train_flops", compute)] * (seed % 2 == 0))
 
 
 def test_the_scaling_study_recovers_a_known_law_from_a_database(workdir, capsys, monkeypatch):
@@ -102,6 +106,9 @@ def test_the_scaling_study_recovers_a_known_law_from_a_database(workdir, capsys,
     _synthetic_ladder(store, law, worth=1.25, seeds=4, rng=np.random.default_rng(3))
     name, frame = ladder(store)
     assert name == "ladder" and len(frame) == 2 * len(SIZES) * 4 and frame["size"].nunique() == len(SIZES)
+    for run in frame.itertuples():  # logged or worked out from the config, the compute is the FLOPs rule's
+        cfg = RunConfig.from_dict(json.loads(store.run(run.run_id).config_json))
+        assert run.compute == pytest.approx(training_flops(cfg, model_params(cfg.model)["non_embedding"]), rel=1e-12)
     found = scaling.fits(frame, bootstrap=200)
     base = found["standard"]
     for key in ("e", "alpha"):
@@ -166,3 +173,77 @@ def test_a_real_tiny_ladder_trains_records_its_flops_and_fits(workdir):
     document = (workdir / "scaling.md").read_text()
     assert "wrote scaling.md" in text.stdout and re.search(r"\| standard +\| +4 \| +4 \| +[0-9.e+-]+ \|", document)
     assert "Only the baseline 'standard' is in the ladder" in document
+
+
+def _runs_frame(specs: list[tuple[str, str, list[str]]]) -> pd.DataFrame:
+    """A runs table (as the store gives it) of finished runs: (experiment, variant, --set items) each."""
+    rows = []
+    for i, (experiment, variant, items) in enumerate(specs, 1):
+        cfg = resolve_run(variant, "tiny", i % 2, items, experiment=experiment)
+        rows.append({"id": i, "experiment": experiment, "variant": variant, "seed": i % 2, "status": "finished",
+                     "config_json": cfg.to_json()})
+    return pd.DataFrame(rows)
+
+
+def test_a_deep_variant_beside_the_baseline_is_not_a_ladder_but_a_variant_at_two_sizes_is():
+    plain = [("tiny", "standard", []), ("tiny", "deep_baseline", [])]  # 64x4 beside 48x8: one size each
+    ladder_ = [("lad", "standard", ["d_model=32", "n_head=2"]), ("lad", "standard", [])]
+    assert scaling.ladder_experiments(_runs_frame(plain)) == []
+    assert scaling.ladder_experiments(_runs_frame(plain + ladder_)) == ["lad"]
+    assert scaling.ladder_note(_runs_frame(plain), "tiny", []) == []
+
+
+def test_a_swept_ladder_is_a_curve_a_setting_each_against_the_baselines_curve_at_that_setting():
+    specs, last = [], {}
+    for lr in ("1e-3", "3e-3"):
+        for variant in ("standard", "control_block"):
+            for d in (32, 64, 96, 128):
+                for _ in range(2):
+                    specs.append(("lad", variant, [f"d_model={d}", f"n_head={d // 16}", f"lr={lr}"]))
+    frame = _runs_frame(specs)
+    rng = np.random.default_rng(5)
+    for run in frame.itertuples():
+        cfg = RunConfig.from_dict(json.loads(run.config_json))
+        compute = 1e9 * (cfg.model.d_model / 32) ** 2
+        worth = 1.3 if run.variant == "control_block" else 1.0
+        lr_shift = 0.2 if cfg.train.lr == 3e-3 else 0.0
+        last[run.id] = {"eval_loss": 2 + lr_shift + 30 * (worth * compute) ** -0.15 + rng.normal(0, 0.005),
+                        "train_flops": compute}
+    last[1] = {"eval_loss": math.nan, "train_flops": 1e9}  # a non-finite loss: left out, and counted
+    runs_ = scaling.ladder_runs(frame, last)
+    assert set(runs_["variant"]) == {"standard@lr=0.001", "standard@lr=0.003", "control_block@lr=0.001",
+                                     "control_block@lr=0.003"} and runs_.attrs["left_out"] == 1
+    found = scaling.fits(runs_, bootstrap=50)
+    table = scaling.multiplier_table(runs_, found, "standard").set_index("variant")
+    assert table.loc["control_block@lr=0.003", "against"] == "standard@lr=0.003"
+    assert table.loc["control_block@lr=0.001", "against"] == "standard@lr=0.001"
+    assert "standard@lr=0.003" not in table.index  # a baseline's curve is not compared with another's
+    text = scaling.document(runs_, found, "standard", "lad", {})
+    assert "1 finished run left out" in text and "### Compute-equivalent multiplier vs standard" in text
+
+
+def test_an_unbounded_replicate_makes_the_interval_unbounded_never_nan():
+    base = scaling.Fit("standard", 8, 4, e=1.0, a=1.0, alpha=0.5, intervals={"e": (0.9, 3.1)},
+                       replicates=[(1.0, 1.0, 0.5)] * 50 + [(3.0, 1.0, 0.5)] * 50)  # half with a floor above 2
+    variant = scaling.Fit("v", 8, 4, e=2.0, a=1e-9, alpha=0.5, intervals={"e": (1.9, 2.1)},
+                          replicates=[(2.0, 1e-9, 0.5)] * 100)
+    value, ci = scaling.multiplier(variant, base, 1.0)
+    assert math.isfinite(value) and ci is not None and ci[1] == math.inf and math.isfinite(ci[0])
+
+
+def test_a_ladder_divides_its_tokens_by_every_rank_of_a_run():
+    from attnres.runs import backends
+
+    placement = backends.get("slurm").placement(1, {"nodes": 2, "gpus_per_node": 4})
+    req = planning.request(["standard"], [1], "tiny", backend="slurm", placement=placement,
+                           ladder=(parse_sizes(["32x2"]), TokenRule(tokens=10**6)))
+    (cell,) = planning.plan(None, req)
+    assert cell.cfg.train.steps == math.ceil(10**6 / (16 * 64 * 2 * 4))  # 2 nodes x 4 GPUs: 8 ranks a step
+
+
+def test_report_scaling_refuses_a_scope_option_it_would_ignore(workdir, capsys, monkeypatch):
+    _synthetic_ladder(RunStore(str(workdir / "runs.db")), {"e": 2.0, "a": 2.0 * 1e12**0.3, "alpha": 0.3}, 1.0, 1,
+                      np.random.default_rng(0))
+    code, _, err = in_process(["report", "--scaling", "--budget", "5", "--out", workdir / "s.md"], capsys,
+                              monkeypatch)
+    assert code == 2 and "--budget picks a scope of the results document" in err and not (workdir / "s.md").exists()

@@ -22,6 +22,28 @@ from attnres.errors import AttnresError
 
 SIZE = re.compile(r"(\d+)x(\d+)(?:x(\d+))?")
 MIN_SIZES = 4  # what a scaling fit needs (reports.scaling.MIN_SIZES): a ladder with fewer is warned about
+MAX_TOKENS = 10**18  # a budget past any ladder's (and past what a step count can hold)
+_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9}
+
+
+def parse_tokens(value: str | None) -> int | None:
+    """``--tokens`` as a whole number of tokens: ``2000000``, ``2e6``, ``2M`` or ``500k``."""
+    if value is None:
+        return None
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmbg]?)\s*", value.lower())
+    tokens = float(match[1]) * _SUFFIX[match[2]] if match else math.nan
+    if not 1 <= tokens <= MAX_TOKENS:
+        raise AttnresError(f"bad --tokens '{value}': a number of tokens from 1 to 1e18, e.g. --tokens 2000000, 2e6 "
+                           "or 2M")
+    return round(tokens)
+
+
+def warning(sizes: list[Size]) -> str | None:
+    """What the user should hear before a ladder too short to fit trains."""
+    if len(sizes) >= MIN_SIZES:
+        return None
+    return (f"{len(sizes)} size{'s' * (len(sizes) != 1)}: a scaling law has three parameters, so `report --scaling` "
+            f"fits a variant from {MIN_SIZES} sizes on (add sizes, or launch more later into the same experiment)")
 
 
 @dataclass(frozen=True)
@@ -43,8 +65,9 @@ def parse_sizes(specs: list[str]) -> list[Size]:
     for spec in (s for value in specs for s in re.split(r"[,\s]+", value) if s):
         match = SIZE.fullmatch(spec.lower())
         if not match or int(match[1]) < 1 or int(match[2]) < 1 or (match[3] is not None and int(match[3]) < 1):
+            hint = " (variants go before --sizes)" if spec[:1].isalpha() else ""
             raise AttnresError(f"bad size '{spec}': a size is WIDTHxLAYERS[xHEADS] with whole numbers of at "
-                               "least 1, e.g. --sizes 32x2 64x4 96x4 128x6")
+                               f"least 1, e.g. --sizes 32x2 64x4 96x4 128x6{hint}")
         size = Size(int(match[1]), int(match[2]), int(match[3]) if match[3] else None)
         if any((s.d_model, s.n_layer) == (size.d_model, size.n_layer) for s in sizes):
             raise AttnresError(f"--sizes names {size.d_model}x{size.n_layer} twice")
@@ -79,11 +102,17 @@ class TokenRule:
             raise AttnresError("a ladder needs one token rule: --tokens N (every size) or --tokens-per-param R")
         if self.tokens is not None and self.tokens < 1:
             raise AttnresError(f"--tokens {self.tokens}: give a positive number of tokens")
-        if self.per_param is not None and not (math.isfinite(self.per_param) and self.per_param > 0):
-            raise AttnresError(f"--tokens-per-param {self.per_param}: give a positive number")
+        if self.per_param is not None and not (math.isfinite(self.per_param) and 0 < self.per_param <= 1e9):
+            raise AttnresError(f"--tokens-per-param {self.per_param}: give a positive number up to 1e9")
 
     def budget(self, non_embedding: int) -> int:
-        return self.tokens if self.tokens is not None else math.ceil(self.per_param * non_embedding)
+        if self.tokens is not None:
+            return self.tokens
+        tokens = self.per_param * non_embedding
+        if not tokens <= MAX_TOKENS:
+            raise AttnresError(f"--tokens-per-param {self.per_param:g} gives {tokens:.3g} tokens to a size of "
+                               f"{non_embedding:,} parameters: more than {MAX_TOKENS:.0e}")
+        return max(1, math.ceil(tokens))
 
     @property
     def label(self) -> str:

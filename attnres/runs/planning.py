@@ -122,7 +122,7 @@ def request(variants: list[str], seeds: list[int] | None, preset: str = "tiny", 
     targets = mirror_targets(mirrors)
     command = on_end_command(on_end)
     fixed, sweep = grid.split_sweeps(list(overrides or []) + ([f"steps={steps}"] if steps is not None else []))
-    rungs = _ladder(names, preset, fixed, sweep, placement.nproc, ladder) if ladder else []
+    rungs = _ladder(names, preset, fixed, sweep, backends.get(backend).ranks(placement), ladder) if ladder else []
     req = LaunchRequest(names, seeds, preset, fixed, data, backend, placement, rule, force, experiment or "", sweep,
                         targets, command, rungs)
     cells = req.cells()

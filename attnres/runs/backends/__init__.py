@@ -133,6 +133,10 @@ class Backend:
     def check(self, placement: Placement) -> None:
         """Refuse, with one clear line (AttnresError), a placement this backend cannot honour."""
 
+    def ranks(self, placement: Placement) -> int:
+        """How many ranks (processes) each run of this placement trains with: what a token budget is divided by."""
+        return placement.nproc
+
     def submit(self, store: RunStore, run_ids: Sequence[int], placement: Placement, *,
                detach: bool = False, on_tick: Callable[[], None] | None = None) -> Submitted:
         """Make the queued runs' trainers run (in order); wait for them unless ``detach``."""

@@ -294,6 +294,10 @@ class LocalBackend(Backend):
         if placement.nproc < 1 or placement.option("gpus_per_run", 1) < 1:
             raise AttnresError("--nproc and --gpus-per-run must be at least 1")
 
+    def ranks(self, placement: Placement) -> int:
+        """``--gpus-per-run`` ranks on a machine with GPUs (one per GPU), else ``--nproc`` on the CPU."""
+        return placement.option("gpus_per_run", 1) if visible_gpus() else placement.nproc
+
     def warning(self, placement: Placement) -> str | None:
         """What ``--gpus-per-run`` will not do on a machine without GPUs: each run then trains on CPU (``--nproc``
         processes), which a user who asked for GPUs should hear before the runs start, not find out from their

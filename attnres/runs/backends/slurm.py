@@ -102,6 +102,11 @@ class SlurmBackend(Backend):
     def check(self, placement: Placement) -> None:
         check(placement)
 
+    def ranks(self, placement: Placement) -> int:
+        """Every node's ranks (one per GPU, else ``--nproc``) on every node of the job."""
+        o = placement.options or SlurmOptions()
+        return o.nodes * (o.gpus_per_node or placement.nproc)
+
     def submit(self, store: RunStore, run_ids: Sequence[int], placement: Placement, *,
                detach: bool = False, on_tick: Callable[[], None] | None = None) -> Submitted:
         """Write and submit one sbatch script per run; record the job ids. SLURM jobs never block."""

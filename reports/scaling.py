@@ -24,9 +24,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from reports import numbers
+
 MIN_SIZES = 4  # three parameters, and one degree of freedom to judge them by
 BOOTSTRAP = 400  # replicates: percentile intervals at 95% move by well under their width between draws
 LEVEL = 0.95
+FIT = ".4g"  # a fitted parameter, a compute in FLOPs
 FLOOR_AT_ZERO = 1e-6  # an E this small (a loss in nats) is the fit's bound 0, not a floor it found
 EXTRAPOLATE = (10.0, 100.0)  # multiples of the ladder's largest compute the multiplier is also given at
 
@@ -190,11 +193,12 @@ def fit_variant(runs: pd.DataFrame, variant: str, bootstrap: int = BOOTSTRAP, se
     return fit
 
 
-def equivalent_compute(base: tuple[float, float, float], loss: np.ndarray) -> np.ndarray:
-    """The compute at which a law (E, A, α) reaches ``loss`` (inf where the loss is at or below E)."""
+def equivalent_compute(base: tuple, loss: np.ndarray) -> np.ndarray:
+    """The compute at which a law (E, A, α) reaches ``loss`` (inf where the loss is at or below E); the parameters
+    may be arrays (one law per bootstrap replicate), elementwise with ``loss``."""
     e, a, alpha = base
     gap = np.asarray(loss, dtype=float) - e
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         return np.where(gap > 0, np.power(a / np.where(gap > 0, gap, 1.0), 1.0 / alpha), np.inf)
 
 
@@ -208,10 +212,7 @@ def multiplier(variant: Fit, base: Fit, compute: float) -> tuple[float, tuple[fl
         return at, None
     v = np.array(variant.replicates[:n])
     b = np.array(base.replicates[:n])
-    lv = law(np.full(n, compute), v[:, 0], v[:, 1], v[:, 2])
-    gap = lv - b[:, 0]
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        eq = np.where(gap > 0, np.power(b[:, 1] / np.where(gap > 0, gap, 1.0), 1.0 / b[:, 2]), np.inf) / compute
+    eq = equivalent_compute((b[:, 0], b[:, 1], b[:, 2]), law(np.full(n, compute), v[:, 0], v[:, 1], v[:, 2])) / compute
     tail = (1 - LEVEL) / 2 * 100
     big = np.finfo(float).max  # (an unbounded replicate as the largest float: percentiles then never read inf − inf)
     lo, hi = (math.inf if x >= big / 2 else float(x) for x in np.percentile(np.minimum(eq, big), [tail, 100 - tail]))
@@ -224,13 +225,13 @@ def fits(runs: pd.DataFrame, bootstrap: int = BOOTSTRAP) -> dict[str, Fit]:
 
 
 def _num(x: float) -> str:
-    return "—" if not math.isfinite(x) else f"{x:.4g}"
+    return numbers.num(x, FIT)
 
 
 def _interval(fit: Fit, name: str) -> str:
     lo_hi = fit.intervals.get(name)
     if not lo_hi:
-        return "—"
+        return numbers.MISSING
     lo, hi = (("0" if name == "e" and x <= FLOOR_AT_ZERO else _num(x)) for x in lo_hi)  # (E's bound, not a floor)
     return f"[{lo}, {hi}]"
 
@@ -253,7 +254,7 @@ def fit_table(found: dict[str, Fit]) -> pd.DataFrame:
                     "A": _num(f.a), "A 95%": _interval(f, "a"), "α": _num(f.alpha), "α 95%": _interval(f, "alpha"),
                     "note": "; ".join(notes)}
         else:
-            row |= {"E": "—", "E 95%": "—", "A": "—", "A 95%": "—", "α": "—", "α 95%": "—", "note": f.reason}
+            row |= dict.fromkeys(["E", "E 95%", "A", "A 95%", "α", "α 95%"], numbers.MISSING) | {"note": f.reason}
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -280,7 +281,7 @@ def multiplier_table(runs: pd.DataFrame, found: dict[str, Fit], baseline: str) -
         row: dict[str, str] = {"variant": name, "against": mine_base}
         for label, compute in at.items():
             if base is None or not base.ok or not f.ok:
-                row[label] = "—"
+                row[label] = numbers.MISSING
                 continue
             value, ci = multiplier(f, base, compute)
             row[label] = _times(value) + (f" [{_times(ci[0])}, {_times(ci[1])}]" if ci else "")
@@ -297,7 +298,7 @@ def ladder_table(runs: pd.DataFrame) -> pd.DataFrame:
     table["order"] = table["compute"]
     table = table.sort_values(["order", "variant"], kind="stable").drop(columns="order")
     return pd.DataFrame({"size": table["size"], "variant": table["variant"], "runs": table["runs"].astype(int),
-                         "compute (FLOPs)": [f"{c:.4g}" for c in table["compute"]],
+                         "compute (FLOPs)": [_num(c) for c in table["compute"]],
                          "eval loss": [f"{m:.4f}" + (f" ± {sd:.4f}" if math.isfinite(sd) else "")
                                        for m, sd in zip(table["mean"], table["sd"], strict=True)]})
 

@@ -177,7 +177,7 @@ def _smallest(powers: Callable[[np.ndarray], np.ndarray], start: int, power: flo
     while True:
         hi = min(limit, lo + width - 1) if enough is None else enough - 1
         counts = np.arange(lo, hi + 1, dtype=float)
-        ok = np.flatnonzero(powers(counts) >= power) if len(counts) else np.array([], dtype=int)
+        ok = np.flatnonzero(powers(counts) >= power)  # (never empty: below a count found enough, lo < it)
         if len(ok):
             enough = int(counts[ok[0]])
             if ok[0] > 0 or lo == 2:

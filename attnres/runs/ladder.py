@@ -114,11 +114,6 @@ class TokenRule:
                                f"{non_embedding:,} parameters: more than {MAX_TOKENS:.0e}")
         return max(1, math.ceil(tokens))
 
-    @property
-    def label(self) -> str:
-        return f"{self.tokens:,} tokens a size" if self.tokens is not None else \
-            f"{self.per_param:g} tokens per non-embedding parameter"
-
 
 @dataclass(frozen=True)
 class Rung:

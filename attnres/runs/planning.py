@@ -137,10 +137,10 @@ def _ladder(names: list[str], preset: str, fixed: list[str], sweep: dict[str, li
     """A ladder's rungs as cells, after refusing what would make its sizes or token budgets other than asked."""
     from attnres.variants.traits import deep_variants
 
-    for name in names:
-        if name in deep_variants():
-            raise AttnresError(f"{name} sets its own depth, which a ladder's sizes would override: scale the variants "
-                               "of the preset's shape")
+    deep = set(deep_variants())
+    for name in (n for n in names if n in deep):
+        raise AttnresError(f"{name} sets its own depth, which a ladder's sizes would override: scale the variants "
+                           "of the preset's shape")
     given = {item.partition("=")[0] for item in fixed} | set(sweep)
     for key in sorted(given & {"d_model", "n_layer", "n_head", "steps"}):
         raise AttnresError(f"--set {key}: a ladder sets d_model, n_layer, n_head and steps at each size (its token "

@@ -25,7 +25,7 @@ from attnres import paths
 from attnres.config import RunConfig, TrainConfig
 from attnres.data.loader import TokenShards, TrainLoader, eval_batches
 from attnres.logline import say
-from attnres.model.flops import training_flops
+from attnres.model import flops
 from attnres.model.gpt import GPT
 from attnres.tracking import depth_maps, states
 from attnres.training import checkpoint
@@ -217,9 +217,9 @@ def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool =
     if start:
         recorder.resumed(start)  # the resumed run rewrites what follows its checkpoint
     preemption = preemption or Preemption()
-    tokens_per_step = tcfg.batch_size * cfg.model.seq_len * tcfg.grad_accum * d.world
+    tokens_per_step = flops.tokens_per_step(cfg, d.world)
     # training compute so far, what a scaling law is fitted against (attnres.model.flops)
-    flops_per_step = training_flops(cfg, raw_model.num_params()["non_embedding"], d.world, steps=1)
+    flops_per_step = flops.training_flops(cfg, raw_model.num_params()["non_embedding"], d.world, steps=1)
     if start == 0:
         recorder.record(0, **evaluate(model, eval_shards, cfg, d, autocast, raw_model.residual))
     t_last, steps_since = time.perf_counter(), 0

@@ -124,7 +124,6 @@ def _param_columns(cfg: ModelConfig, reference: dict[str, int]) -> dict[str, str
             "total vs control_block": f"{diff:+,} ({diff / reference['total']:+.2%})" if diff else "0"}
 
 
-
 FLOPS_NOTE = ("Training compute (attnres.model.flops): FLOPs/token is 3 forward passes of 2 FLOPs per weight (the "
               "output head included), causal attention over the context and the depth attention over its sources; "
               "depth: the depth attention's share; train FLOPs: over the preset's steps on one rank, what `attnres "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import multiprocessing.process
 import os
 import sqlite3
@@ -50,19 +51,45 @@ ISSUE_ROWS = ISSUE_STEPS * 6 + len(set(range(0, ISSUE_STEPS + 1, 25)) | {ISSUE_S
 
 
 # -- the CLI: in this process, or the real command -------------------------------------------------
-def in_process(args: Iterable[object], capsys: pytest.CaptureFixture,
-               monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
-    """The CLI's entry point called in the test's process (no interpreter start, no imports again): its
-    exit code, stdout and stderr. For commands that start no trainer; :func:`attnres` runs the real command.
-    ``args`` may hold paths and numbers: each is passed as its ``str``."""
+def cli_here(*args: object, check: bool = False) -> subprocess.CompletedProcess:
+    """The CLI's entry point called in the test's process, giving what :func:`attnres` gives (arguments, exit code,
+    stdout, stderr), at 200 columns as :func:`attnres` sets them. No interpreter starts and nothing is imported
+    again: a report takes ~0.2 s here and 3-4 s as its own process, most of it importing torch, pandas and
+    scipy. For verbs that start no process (report, status, compare, import, export, db, ...); a test of the
+    installed command itself, of a process's output to a pipe, or of a verb that starts a trainer uses
+    :func:`attnres`. ``args`` may hold paths and numbers: each is passed as its ``str``."""
+    argv = [str(a) for a in args]
+    out, err = io.StringIO(), io.StringIO()
+    saved_argv, saved_columns = sys.argv, os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "200"  # (before the first import of the CLI: its consoles read it then)
     from cli.main import main
 
-    monkeypatch.setattr(sys, "argv", ["attnres", *(str(a) for a in args)])
-    monkeypatch.setenv("COLUMNS", "200")
-    with pytest.raises(SystemExit) as done:
-        main()
-    captured = capsys.readouterr()
-    return done.value.code or 0, captured.out, captured.err
+    sys.argv = ["attnres", *argv]
+    code: object = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main()
+    except SystemExit as done:
+        code = done.code
+    finally:
+        sys.argv = saved_argv
+        if saved_columns is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = saved_columns
+    returncode = code if isinstance(code, int) else (0 if code is None else 1)
+    proc = subprocess.CompletedProcess(["attnres", *argv], returncode, out.getvalue(), err.getvalue())
+    if check and returncode != 0:
+        raise AssertionError(f"attnres {' '.join(argv)} failed ({returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def in_process(args: Iterable[object], capsys: pytest.CaptureFixture,
+               monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
+    """:func:`cli_here` as a tuple: its exit code, stdout and stderr (``capsys`` and ``monkeypatch``: the
+    fixtures of the tests that call it, no longer needed)."""
+    proc = cli_here(*args)
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 def attnres(*args: str, check: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:

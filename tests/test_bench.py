@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import attnres
+from helpers import cli_here
 
 from attnres.model import cpu_kernel
 
@@ -13,20 +13,20 @@ pytestmark = pytest.mark.integration
 
 
 def test_bench_data_reports_prepare_next_to_tiktoken(workdir):
-    out = json.loads(attnres("bench", "data", "--megabytes", "0.5", "--json", check=True).stdout)
+    out = json.loads(cli_here("bench", "data", "--megabytes", "0.5", "--json", check=True).stdout)
     assert out["megabytes"] >= 0.5 and out["tokens"] > 100_000
     assert out["prepare_mb_s"] > 0 and out["tiktoken_mb_s"] > 0
     assert abs(out["ratio"] - out["prepare_mb_s"] / out["tiktoken_mb_s"]) < 1e-9
 
 
 def test_bench_report_builds_a_report_over_a_synthetic_database(workdir):
-    out = json.loads(attnres("bench", "report", "--runs", "6", "--steps", "300", "--json", check=True).stdout)
+    out = json.loads(cli_here("bench", "report", "--runs", "6", "--steps", "300", "--json", check=True).stdout)
     assert out["metric_rows"] == 6 * 300 * 5
     assert out["report_s"] > 0 and out["report_with_plots_s"] > 0
 
 
 def test_unknown_benchmark_is_one_clear_line(workdir):
-    proc = attnres("bench", "nosuch")
+    proc = cli_here("bench", "nosuch")
     assert proc.returncode == 2 and "unknown variant 'nosuch'" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
@@ -37,7 +37,7 @@ def test_unknown_benchmark_is_one_clear_line(workdir):
     (["report", "--steps", "0"], "--runs and --steps must be at least 1"),
 ])
 def test_bad_bench_settings_are_one_clear_line(workdir, args, message):
-    proc = attnres("bench", *args, "--preset", "tiny")
+    proc = cli_here("bench", *args, "--preset", "tiny")
     assert proc.returncode == 2 and message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
@@ -47,7 +47,7 @@ TINY = ["--set", "vocab_size=97", "--set", "d_model=32", "--set", "n_head=2", "-
 
 
 def test_bench_races_variants_against_standard_in_one_process(workdir):
-    out = json.loads(attnres("bench", "control_block", "full_attnres", "--preset", "tiny", *TINY,
+    out = json.loads(cli_here("bench", "control_block", "full_attnres", "--preset", "tiny", *TINY,
                              "--steps", "2", "--warmup", "0", "--json", check=True).stdout)
     assert [r["variant"] for r in out] == ["standard", "control_block", "full_attnres"]
     base = out[0]
@@ -64,6 +64,6 @@ def test_bench_races_variants_against_standard_in_one_process(workdir):
 
 
 def test_bench_table_names_every_column(workdir):
-    proc = attnres("bench", "block_mqa_depth", "--preset", "tiny", *TINY, "--steps", "1", "--warmup", "0",
+    proc = cli_here("bench", "block_mqa_depth", "--preset", "tiny", *TINY, "--steps", "1", "--warmup", "0",
                    check=True)
     assert "block_mqa_depth" in proc.stdout and "saved" in proc.stdout and "standard" in proc.stdout

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import FAST, LONG, attnres, runs, train_steps, wait_for
+from helpers import FAST, LONG, attnres, cli_here, runs, train_steps, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -57,10 +57,10 @@ def test_a_finished_run_missing_rows_is_incomplete_until_resume_retrains_them(wo
     with sqlite3.connect(db) as conn:  # rows lost as a lost spool with its trainer loses them
         conn.execute("delete from metrics where run_id = 1 and step between 13 and 17 and key_id = "
                      "(select id from metric_keys where name = 'train_loss')")
-    shown = attnres("status", check=True).stdout
+    shown = cli_here("status", check=True).stdout
     assert "incomplete" in shown and runs(workdir)[0]["status"] == "incomplete"
     assert "train_loss steps 14-16" in runs(workdir)[0]["message"]
-    report = attnres("report", "--out", "r.md", "--no-plots")
+    report = cli_here("report", "--out", "r.md", "--no-plots")
     assert report.returncode in (0, 2)  # its curve is not used as complete: marked, or nothing to compare
     out = attnres("resume", "1", check=True).stdout
     assert "retraining the steps it lacks from step 14" in out, out

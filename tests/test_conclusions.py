@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import BYTES, FAST_GPT2, ROOT, attnres
+from helpers import BYTES, FAST_GPT2, ROOT, attnres, cli_here
 from scipy import stats
 from seed_scenario import rows as seed_rows
 from statsmodels.stats.multitest import multipletests
@@ -195,8 +195,8 @@ def test_sequential_looks_through_import_and_report(workdir):
     assert row["Evidence"].startswith("unresolved: ~") and row["Evidence"].endswith("; look 3")
     assert "— unresolved: ~" in verdicts(text)["control_block"]
     # an export keeps the stages: imported elsewhere, the report counts the same looks
-    attnres("export", "--db", str(workdir / "staged.db"), "--out", "exp", check=True)
-    attnres("import", str(workdir / "exp" / "metrics.csv"), "--db", str(workdir / "again.db"), check=True)
+    cli_here("export", "--db", str(workdir / "staged.db"), "--out", "exp", check=True)
+    cli_here("import", str(workdir / "exp" / "metrics.csv"), "--db", str(workdir / "again.db"), check=True)
     again = write_report(RunStore(str(workdir / "again.db")), workdir / "again.md", plots=False)
     assert evidence_rows(again)[0]["Look"] == "3"
 
@@ -233,7 +233,7 @@ def sentences(text: str) -> list[tuple[str, str]]:
 def test_interpretation_findings_come_from_traits_with_their_numbers_and_evidence_class(workdir):
     frame, finals = interpretation_scenario()
     frame.to_csv(workdir / "s.csv", index=False)
-    attnres("import", "s.csv", check=True)
+    cli_here("import", "s.csv", check=True)
     text = write_report(RunStore(str(workdir / "runs.db")), workdir / "r.md", plots=False)
     said = sentences(text)
 
@@ -279,7 +279,7 @@ def test_interpretation_and_whats_next_quote_the_tables(workdir):
     """On the seed document's own situation: every decimal and every seed count the generated sections give
     appears in the document's tables (a retry's proposed learning rates are settings, not figures)."""
     seed_rows().to_csv(workdir / "seed.csv", index=False)
-    attnres("import", "seed.csv", check=True)
+    cli_here("import", "seed.csv", check=True)
     text = write_report(RunStore(str(workdir / "runs.db")), workdir / "r.md", plots=False)
     generated = text.split("## Interpretation", 1)[1]
     generated = generated.split("## Cost/Benefit Summary")[0] + generated.split("## What's Next")[1]
@@ -371,7 +371,7 @@ def test_next_launches_exactly_its_cells_and_the_report_tests_them_as_planned(wo
             rid = store.create_run(cfg, status=states.FINISHED, actor=states.IMPORTER, launch_id=first)
             store.update_run(rid, step=20)
             store.log_metrics(rid, [(s, "eval_loss", value + (20 - s) / 100) for s in (0, 10, 20)])
-    shown = attnres("next", "--only", "resolve", check=True).stdout
+    shown = cli_here("next", "--only", "resolve", check=True).stdout
     # paired seeds to resolve at look 2's level (α/4): statsmodels' paired power, as at the spread's upper bound
     sd = np.std([-0.1 + jitter, -0.1 - jitter], ddof=1)
     powers = [TTestPower().power(0.1 / sd, k, 0.0125) for k in (3, 4)]
@@ -397,7 +397,7 @@ def test_next_launches_exactly_its_cells_and_the_report_tests_them_as_planned(wo
     assert row["Holm-adjusted p"] == f"{min(1.0, 4 * p):.3g}"
     assert "planned 3 vs 3, tested at 3 vs 3" in row["Evidence"]
     # planned and launched, the comparison is not planned again (what is left is a new look's count)
-    again = attnres("next", "--only", "resolve", check=True).stdout
+    again = cli_here("next", "--only", "resolve", check=True).stdout
     assert "--seeds 3 " not in again
 
 
@@ -410,11 +410,11 @@ def _finals(workdir: Path) -> dict[tuple[str, int], float]:
 
 @pytest.mark.integration
 def test_next_refuses_bad_input_in_one_line(workdir):
-    attnres("import", str(_tiny_import(workdir)), check=True)
+    cli_here("import", str(_tiny_import(workdir)), check=True)
     for args, words in ((["--only", "nope"], "--only nope: choose from resolve, new, retry"),
                         (["--experiment", "nope"], "no runs match --experiment nope"),
                         (["--max-seeds", "1"], "--max-seeds")):
-        proc = attnres("next", *args)
+        proc = cli_here("next", *args)
         assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 

@@ -13,7 +13,7 @@ import sqlite3
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import FAST, attnres
+from helpers import FAST, attnres, cli_here
 
 from attnres.runs.backends.devices import threads_per_process
 from attnres.tracking import speed
@@ -48,7 +48,7 @@ def test_runs_at_different_thread_counts_are_not_compared_and_a_paired_bench_dec
         assert len(sets) == 1 and sets[0]["device"].startswith("cpu") and sets[0]["world_size"] == 1
         assert sets[0]["dtype"] == "float32" and sets[0]["compile"] is False
 
-    attnres("report", "--out", "r.md", "--no-plots", check=True)
+    cli_here("report", "--out", "r.md", "--no-plots", check=True)
     text = open("r.md").read()
     row = cost_rows(text)["control_block"]
     assert row[2] == f"not comparable: threads 1, {fit} vs {fit}"  # no figure made up
@@ -60,7 +60,7 @@ def test_runs_at_different_thread_counts_are_not_compared_and_a_paired_bench_dec
                                                                           "seq_len", "vocab_size", "batch_size"})
     bench = attnres(*shlex.split(command)[1:], "--steps", "2", "--warmup", "0", check=True)
     assert "recorded as bench 1" in bench.stderr
-    attnres("report", "--out", "r.md", "--no-plots", check=True)
+    cli_here("report", "--out", "r.md", "--no-plots", check=True)
     text = open("r.md").read()
     with sqlite3.connect("runs.db") as conn:
         ratio = dict(conn.execute("select variant, speed_ratio from benchmarks where session = 1").fetchall())
@@ -158,8 +158,8 @@ def test_stars_and_labels_follow_the_printed_delta(workdir):
                                     for n, t in zip(names, targets, strict=True)}
     pd.DataFrame([{"variant": v, "seed": s, "step": 100, "key": "eval_loss", "value": x, "preset": "tiny"}
                   for v, seeds in values.items() for s, x in seeds.items()]).to_csv("grid.csv", index=False)
-    attnres("import", "grid.csv", check=True)
-    attnres("report", "--out", "r.md", "--no-plots", check=True)
+    cli_here("import", "grid.csv", check=True)
+    cli_here("report", "--out", "r.md", "--no-plots", check=True)
     rows = cost_rows(open("r.md").read())
     assert len(rows) == len(names) + 1  # (the header row)
     for variant in names:
@@ -182,10 +182,10 @@ def test_document_parameters_are_those_of_attnres_variants(workdir):
     from seed_scenario import rows as seed_rows
 
     seed_rows().to_csv("seed.csv", index=False)
-    attnres("import", "seed.csv", check=True)
-    attnres("report", "--out", "r.md", "--no-plots", check=True)
+    cli_here("import", "seed.csv", check=True)
+    cli_here("report", "--out", "r.md", "--no-plots", check=True)
     text = open("r.md").read()
-    listing = attnres("variants", "--params", "--preset", "paper500m", check=True).stdout
+    listing = cli_here("variants", "--params", "--preset", "paper500m", check=True).stdout
     counted = {}
     for line in listing.splitlines():
         found = re.match(r"\s*(\w+)\s+\d+L d\d+.*?([\d.]+)M\s+([\d.]+)M\s", line)

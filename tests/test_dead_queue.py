@@ -7,7 +7,7 @@ import os
 import signal
 
 import pytest
-from helpers import FAST, LONG, attnres, queue_pid, runs, wait_for
+from helpers import FAST, LONG, attnres, cli_here, queue_pid, runs, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +20,7 @@ def test_runs_queued_by_a_queue_that_died_are_continued_by_the_same_launch_again
     os.kill(queue, signal.SIGKILL)  # run 1's trainer goes on (its own session); runs 2 and 3 lose their queue
     wait_for(lambda: runs(workdir)[0]["status"] == "finished")
     assert [r["status"] for r in runs(workdir)[1:]] == ["queued", "queued"]
-    shown = attnres("status", check=True).stdout
+    shown = cli_here("status", check=True).stdout
     assert "preempted" in shown and "attnres resume 2 3" in shown, shown
     again = attnres(*GRID, check=True)  # the same launch continues them: no "already queued", nothing new
     assert "already queued" not in again.stdout

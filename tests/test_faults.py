@@ -13,7 +13,7 @@ import textwrap
 
 import psutil
 import pytest
-from helpers import FAST, LONG, attnres, database_at, runs, sha, train_steps, wait_for
+from helpers import FAST, LONG, attnres, cli_here, database_at, runs, sha, train_steps, wait_for
 
 from attnres.tracking.db import HEAD
 from attnres.tracking.store import metrics_frame
@@ -119,12 +119,12 @@ def test_older_schema_is_refused_then_upgraded_keeping_its_runs(workdir):
     db = workdir / "runs.db"
     database_at(db, "0001")
     before = sha(db)
-    proc = attnres("status")
+    proc = cli_here("status")
     assert proc.returncode == 2 and "older" in proc.stderr and "attnres db upgrade" in proc.stderr
     assert sha(db) == before
     shutil.copy(db, workdir / "backup.db")
-    assert f"0001 -> {HEAD}" in attnres("db", "upgrade", check=True).stdout
-    status = attnres("status", check=True).stdout
+    assert f"0001 -> {HEAD}" in cli_here("db", "upgrade", check=True).stdout
+    status = cli_here("status", check=True).stdout
     assert "standard" in status and "finished" in status
 
 
@@ -182,7 +182,7 @@ def test_database_made_read_only_mid_run_spools_then_sync_completes(workdir, cha
         gc.enable()
     assert trainer.returncode == 0, err
     assert "database write failed" in err and "attnres sync" in out
-    attnres("sync", check=True)
+    cli_here("sync", check=True)
     print(f"FAULT-TABLE read-only mid-run: expected 30 found {len(train_steps(db))}")
     assert train_steps(db) == list(range(1, 31))
     with sqlite3.connect(db) as conn:

@@ -22,6 +22,7 @@ from helpers import (
     ISSUE_STEPS,
     LONG,
     attnres,
+    cli_here,
     issue_run,
     metric_rows,
     queue_pid,
@@ -54,7 +55,7 @@ def test_database_deleted_mid_run_loses_nothing_and_sync_rebuilds_it(workdir):
     log = (workdir / "logs" / "run-1.log").read_text()
     assert "database write failed" in log and "attnres sync" in log and "Traceback" not in log  # trained on
     assert not (workdir / "runs.db").exists() or metric_rows(workdir / "runs.db") == 0  # no new empty file
-    synced = attnres("sync", check=True).stdout
+    synced = cli_here("sync", check=True).stdout
     assert "1 run(s) recreated" in synced
     rows = metric_rows(workdir / "runs.db")
     print(f"FAULT-TABLE runs.db deleted mid-run: {rows} of {ISSUE_ROWS} rows after sync, {ISSUE_ROWS - rows} lost")
@@ -80,7 +81,7 @@ def test_garbled_spool_lines_are_kept_aside_and_every_good_line_is_ingested(work
     assert "Traceback" not in (workdir / "logs" / "run-1.log").read_text()
     # attnres sync of a garbled spool file: good lines in, bad ones counted in its one line
     (workdir / "other.spool.jsonl").write_bytes(b'{"r": 1, "s": 1, "k": "x", "v": 1.0}\n' + junk[0])
-    done = attnres("sync", "other.spool.jsonl", check=True)
+    done = cli_here("sync", "other.spool.jsonl", check=True)
     assert "1 metric rows, 1 unreadable line(s) skipped" in done.stdout and done.stderr == ""
 
 

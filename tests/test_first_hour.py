@@ -13,7 +13,7 @@ import sys
 import threading
 
 import pytest
-from helpers import FAST, LONG, arms_csv, attnres, curve, in_process, queue_pid, runs, train_steps, wait_for
+from helpers import FAST, LONG, arms_csv, attnres, cli_here, curve, in_process, queue_pid, runs, train_steps, wait_for
 
 from attnres import paths
 
@@ -52,7 +52,7 @@ def test_a_queued_run_says_what_it_waits_for_and_takes_over_a_dead_holders_slot(
         said = wait_for(lambda: next((ln for ln in lines if "is queued: it waits for" in ln), None))
         assert "run 1 is queued: it waits for the cpu slot: run 1 of" in said and str(other) in said
         assert f"(pid {holder_queue}) since" in said
-        shown = attnres("status", check=True).stdout
+        shown = cli_here("status", check=True).stdout
         assert "queued" in shown and "the cpu slot: run 1 of" in shown and f"pid {holder_queue}" in shown
         assert runs(workdir)[0]["status"] == "queued"
         os.kill(holder_queue, signal.SIGKILL)  # the holder dies: its slot is taken over, the wait ends
@@ -136,19 +136,19 @@ def test_a_report_early_in_a_grid_never_compares_at_step_0(workdir):
     os.kill(trainer, signal.SIGSTOP)
     try:
         assert runs(workdir)[0]["step"] < 2000 and set(curve(workdir, 1, "eval_loss")) == {0}
-        done = attnres("report", "--out", "r.md", "--no-plots")
+        done = cli_here("report", "--out", "r.md", "--no-plots")
         assert done.returncode == 2 and "too early" in done.stderr and "step 0 is the initialisation" in done.stderr
         os.kill(trainer, signal.SIGCONT)
         wait_for(lambda: runs(workdir)[0]["step"] >= 2004)
         os.kill(trainer, signal.SIGSTOP)
         at = max(curve(workdir, 1, "eval_loss"))
-        attnres("report", "--out", "r.md", "--no-plots", check=True)
+        cli_here("report", "--out", "r.md", "--no-plots", check=True)
         results = (workdir / "r.md").read_text().split("## Results")[1].split("\n## ")[0]
         assert f"at step {at:,}" in results and f"Train Loss @ {at:,}" in results, results
         row = next(ln for ln in results.splitlines() if ln.startswith("| standard"))
         assert f"{curve(workdir, 1, 'train_loss')[at]:.3f}" in row  # the train loss of that step, not the latest
         assert "| control_block" not in results  # queued: nothing to compare yet
-        cmp = attnres("compare", "standard", "control_block")
+        cmp = cli_here("compare", "standard", "control_block")
         assert cmp.returncode == 2 and "no eval loss recorded for: control_block" in cmp.stderr
         assert "(in experiment tiny" in cmp.stderr
     finally:
@@ -162,7 +162,7 @@ def test_a_one_variant_sweep_reports_against_its_default_value(workdir):
                   "--on-end", f"{sys.executable} -c \"import os,json; open(os.environ['ATTNRES_RUN_ID'] + '.json', "
                   "'w').write(json.dumps(dict(os.environ)))\"", check=True)
     assert out.returncode == 0
-    done = attnres("report", "--out", "r.md", "--no-plots", "--tuned", "lr", check=True)
+    done = cli_here("report", "--out", "r.md", "--no-plots", "--tuned", "lr", check=True)
     assert done.returncode == 0
     text = (workdir / "r.md").read_text()
     assert "Baseline = control_block@lr=0.003" in text  # the tiny preset's own lr

@@ -8,7 +8,7 @@ import time
 
 import psutil
 import pytest
-from helpers import FAST, LONG, attnres, runs, train_steps, wait_for
+from helpers import FAST, LONG, attnres, cli_here, runs, train_steps, wait_for
 
 from attnres.runs.backends.local import process_alive
 from attnres.runs.status import grid_rows
@@ -25,7 +25,7 @@ def test_detached_queue_runs_cpu_jobs_one_after_the_other(workdir):
     wait_for(lambda: all(r["status"] == "finished" for r in runs(workdir)))
     first, second = runs(workdir)
     assert second["started_at"] >= first["ended_at"]
-    logs = attnres("logs", "1", check=True).stdout
+    logs = cli_here("logs", "1", check=True).stdout
     assert "step 6/6" in logs
     header, rows = grid_rows(RunStore(str(workdir / "runs.db")))
     assert header == ["experiment", "variant", "seed 1"] and rows[0][:2] == ["tiny", "standard"]
@@ -46,7 +46,7 @@ def test_sigkill_of_a_trainer_is_failed_within_30s_and_the_queue_goes_on(workdir
     print(f"FAULT-TABLE sigkill trainer: last step {max(steps)} expected {max(steps)} found {len(steps)}")
     assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 7  # every step up to the kill, no gap
     wait_for(lambda: runs(workdir)[1]["status"] == "running")  # the next run starts
-    status = attnres("status", check=True).stdout
+    status = cli_here("status", check=True).stdout
     assert "failed" in status
     attnres("kill", "2", check=True)
     assert runs(workdir)[1]["status"] == "killed"

@@ -10,7 +10,7 @@ import sqlite3
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import FAST, attnres, database_at, in_process, runs
+from helpers import FAST, attnres, cli_here, database_at, in_process, runs
 from scipy import stats
 from seed_scenario import rows as seed_rows
 from statsmodels.stats.multitest import multipletests
@@ -49,7 +49,7 @@ def line(final: float, to: int = 100, every: int = 25) -> dict[int, float]:
 
 def import_seed(workdir, db="runs.db"):
     seed_rows().to_csv(workdir / "seed.csv", index=False)
-    attnres("import", "seed.csv", "--db", str(workdir / db), check=True)
+    cli_here("import", "seed.csv", "--db", str(workdir / db), check=True)
 
 
 def cost_rows(text: str) -> dict[str, list[str]]:
@@ -63,7 +63,7 @@ def cost_rows(text: str) -> dict[str, list[str]]:
 def test_seed_document_regenerated_from_its_figures(workdir):
     """The seed's own situation: its tables where the seed is consistent; where it is not, ours say why."""
     import_seed(workdir)
-    attnres("report", "--out", "r.md", check=True)
+    cli_here("report", "--out", "r.md", check=True)
     text = (workdir / "r.md").read_text()
     results = text.split("## Results")[1].split("## Runs That Ended Early")[0]
     assert "at step 6,000, the final step, before every run has reached it" in results
@@ -132,14 +132,14 @@ def test_one_database_many_experiments_never_mixes_them(workdir):
     other = write_report(store, workdir / "p.md", plots=False, experiment="paper500m")
     assert "Scope: experiment paper500m" in other and "24 steps" in other.split("## Other")[1]
     # the same filters on status, compare and export
-    listed = attnres("status", "--experiment", "tiny", check=True).stdout
+    listed = cli_here("status", "--experiment", "tiny", check=True).stdout
     assert "block_sparse_depth" in listed and "killed" not in listed and "block_hybrid_memory" not in listed
-    cmp = attnres("compare", "standard", "block_sparse_depth", "--experiment", "paper500m", check=True).stdout
+    cmp = cli_here("compare", "standard", "block_sparse_depth", "--experiment", "paper500m", check=True).stdout
     assert "experiment paper500m" in cmp and "5000" in cmp.replace(",", "")
-    attnres("export", "--experiment", "tiny", "--out", "exp", check=True)
+    cli_here("export", "--experiment", "tiny", "--out", "exp", check=True)
     exported = pd.read_csv(workdir / "exp" / "metrics.csv")
     assert set(exported["experiment"]) == {"tiny"} and set(exported["variant"]) == {"standard", "block_sparse_depth"}
-    bad = attnres("report", "--experiment", "nope")
+    bad = cli_here("report", "--experiment", "nope")
     assert bad.returncode == 2 and bad.stderr.strip() == "error: no runs match --experiment nope"
 
 
@@ -291,7 +291,7 @@ def test_compare_plot_draws_delta_against_the_first(workdir):
     evals = store.metrics_frame(["eval_loss"]).drop(columns="key")
     d = plots.delta_series(res, evals, "control_block", "standard").set_index("step")
     assert d.loc[100, "delta"] == pytest.approx(np.mean([2.9, 3.0]) - np.mean([3.0, 3.2]))
-    attnres("compare", "standard", "control_block", "--plot", "c.png", check=True)
+    cli_here("compare", "standard", "control_block", "--plot", "c.png", check=True)
     assert (workdir / "c.png").stat().st_size > 10_000
 
 
@@ -331,7 +331,7 @@ def test_depth_maps_are_recorded_drawn_and_named(workdir, capsys, monkeypatch):
 def test_upgrade_to_experiments_keeps_runs_and_files_them_by_preset(workdir):
     db = workdir / "runs.db"
     database_at(db, "0003", preset="small")
-    assert f"0003 -> {HEAD}" in attnres("db", "upgrade", check=True).stdout
+    assert f"0003 -> {HEAD}" in cli_here("db", "upgrade", check=True).stdout
     assert [(r["experiment"], r["device"]) for r in runs(workdir)] == [("small", None)]
     with sqlite3.connect(db) as conn:
         assert conn.execute("select count(*) from depth_weights").fetchone() == (0,)

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from helpers import attnres
+from helpers import attnres, cli_here
 from scipy import stats
 
 from attnres.tracking import states
@@ -52,7 +52,7 @@ def db(workdir):
 
 
 def test_report_has_exact_statistics(db, workdir):
-    attnres("report", "--out", "r.md", check=True)
+    cli_here("report", "--out", "r.md", check=True)
     text = (workdir / "r.md").read_text()
     base, hyb = np.array(list(BASE.values())), np.array(list(HYBRID.values()))
     # completed experiments: seed means and Δ
@@ -92,13 +92,13 @@ def test_report_has_exact_statistics(db, workdir):
 
 
 def test_report_is_identical_when_run_twice(db, workdir):
-    attnres("report", "--out", "a/r.md", check=True)
+    cli_here("report", "--out", "a/r.md", check=True)
     attnres("report", "--out", "b/r.md", check=True)
     assert (workdir / "a/r.md").read_text() == (workdir / "b/r.md").read_text()
 
 
 def test_report_at_a_chosen_step(db, workdir):
-    attnres("report", "--out", "r.md", "--step", "50", "--no-plots", check=True)
+    cli_here("report", "--out", "r.md", "--step", "50", "--no-plots", check=True)
     text = (workdir / "r.md").read_text()
     assert "at step 50 of 100 (asked for with --step)" in text
     assert f"{10 + (3.0 - 10) * 0.5:.3f}" in text  # standard seed 42 halfway down
@@ -106,23 +106,23 @@ def test_report_at_a_chosen_step(db, workdir):
 
 def test_report_without_baseline_or_runs_says_so(workdir):
     store = RunStore(str(workdir / "runs.db"))
-    empty = attnres("report", "--out", "r.md")
+    empty = cli_here("report", "--out", "r.md")
     assert empty.returncode == 2 and "no runs" in empty.stderr
     add_run(store, "control_block", 1, 3.0)
-    nobase = attnres("report", "--out", "r.md")
+    nobase = cli_here("report", "--out", "r.md")
     assert nobase.returncode == 2 and "baseline 'standard'" in nobase.stderr
     assert len(nobase.stderr.strip().splitlines()) == 1
 
 
 def test_report_unwritable_out_is_one_line(db, workdir):
     (workdir / "no").write_text("a file where a folder must go")
-    proc = attnres("report", "--out", "no/such/folder/r.md")
+    proc = cli_here("report", "--out", "no/such/folder/r.md")
     assert proc.returncode == 2 and "is a file, not a folder" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_compare_prints_aligned_losses_statistics_and_config(db, workdir):
-    proc = attnres("compare", "standard", "block_hybrid_memory", "--out", "c.md", "--plot", "c.png", check=True)
+    proc = cli_here("compare", "standard", "block_hybrid_memory", "--out", "c.md", "--plot", "c.png", check=True)
     text = (workdir / "c.md").read_text()
     assert "Statistics over seeds at step 100" in proc.stdout
     base, hyb = np.array(list(BASE.values())), np.array(list(HYBRID.values()))
@@ -130,23 +130,23 @@ def test_compare_prints_aligned_losses_statistics_and_config(db, workdir):
     assert f"{t.statistic:.4f}" in text
     assert "residual.window" in text  # the config difference between the two
     assert (workdir / "c.png").exists()
-    one = attnres("compare", "standard")
+    one = cli_here("compare", "standard")
     assert one.returncode == 2 and "two different arms" in one.stderr
 
 
 def test_export_then_import_reproduces_the_report(db, workdir):
-    attnres("report", "--out", "orig.md", "--no-plots", check=True)
+    cli_here("report", "--out", "orig.md", "--no-plots", check=True)
     for fmt in ("csv", "parquet"):
-        attnres("export", "--format", fmt, "--out", f"exp-{fmt}", check=True)
+        cli_here("export", "--format", fmt, "--out", f"exp-{fmt}", check=True)
     assert (workdir / "exp-parquet" / "metrics.parquet").exists()
     other = str(workdir / "other.db")
-    out = attnres("import", "exp-csv/metrics.csv", "--db", other, check=True)
+    out = cli_here("import", "exp-csv/metrics.csv", "--db", other, check=True)
     assert "12 new run(s)" in out.stdout
-    again = attnres("import", "exp-csv/metrics.csv", "--db", other, check=True)
+    again = cli_here("import", "exp-csv/metrics.csv", "--db", other, check=True)
     assert "0 new run(s)" in again.stdout
     rows = RunStore(other).metrics_frame(["eval_loss", "train_loss"])
     assert not rows.duplicated(["run_id", "key", "step"]).any()
-    attnres("report", "--out", "imported.md", "--no-plots", "--db", other, check=True)
+    cli_here("report", "--out", "imported.md", "--no-plots", "--db", other, check=True)
     orig = (workdir / "orig.md").read_text()
     imported = (workdir / "imported.md").read_text()
     # The tables match; imported runs differ only in their (absent) original configs.
@@ -156,7 +156,7 @@ def test_export_then_import_reproduces_the_report(db, workdir):
 
 def test_import_rejects_files_without_required_columns(workdir):
     (workdir / "bad.csv").write_text("variant,seed,value\nstandard,1,3.0\n")
-    proc = attnres("import", "bad.csv")
+    proc = cli_here("import", "bad.csv")
     assert proc.returncode == 2 and "lacks column(s) step, key" in proc.stderr
 
 
@@ -177,5 +177,5 @@ def test_runs_of_an_earlier_revision_are_left_out_and_named(workdir):
     text = write_report(store, workdir / "r.md", plots=False)
     assert f"control_block s1337 (run {old})" in text and "earlier revision" in text
     assert "1 seed (42)" in text and "1.000" not in text
-    status = attnres("status", check=True).stdout
+    status = cli_here("status", check=True).stdout
     assert "control_block (old revision)" in status

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import BYTES, attnres, in_process, runs
+from helpers import BYTES, attnres, cli_here, in_process, runs
 
 from attnres.config import RunConfig
 from attnres.model.flops import tokens_per_step, training_flops
@@ -167,7 +167,7 @@ def test_a_real_tiny_ladder_trains_records_its_flops_and_fits(workdir):
     assert fit.ok and all(map(math.isfinite, (fit.e, fit.a, fit.alpha)))
     grid = np.geomspace(frame["compute"].min(), frame["compute"].max() * 10, 50)
     assert np.all(np.diff(fit.loss(grid)) <= 1e-12)  # the curve falls (or is flat) with compute
-    text = attnres("report", "--scaling", "--out", "scaling.md", check=True)
+    text = cli_here("report", "--scaling", "--out", "scaling.md", check=True)
     again = attnres(*ladder_args, check=True).stdout  # every cell an ordinary run: a launch again trains nothing
     assert again.count("skip: finished as run") == 4 and len(runs(workdir)) == 4
     document = (workdir / "scaling.md").read_text()

@@ -7,7 +7,7 @@ import sqlite3
 import subprocess
 
 import pytest
-from helpers import FAST, FAST_GPT2, LONG, attnres, runs, wait_for
+from helpers import FAST, FAST_GPT2, LONG, attnres, cli_here, runs, wait_for
 
 from attnres.tracking import store
 from attnres.tracking.db import get_engine
@@ -26,8 +26,8 @@ def test_postgres_holds_a_runs_metrics(workdir, pg_url):
     frame = store.metrics_frame(engine, ["eval_loss", "train_loss"])
     assert set(frame["run_id"]) == {1}
     assert len(frame[frame["key"] == "eval_loss"]) == 2  # steps 0 and 6
-    assert "finished" in attnres("status", "--db", pg_url, check=True).stdout
-    attnres("report", "--out", "r.md", "--db", pg_url, "--no-plots", check=True)
+    assert "finished" in cli_here("status", "--db", pg_url, check=True).stdout
+    cli_here("report", "--out", "r.md", "--db", pg_url, "--no-plots", check=True)
     assert "1 seed (1)" in (workdir / "r.md").read_text()
 
 

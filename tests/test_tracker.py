@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import attnres, database_at, values
+from helpers import cli_here, database_at, values
 
 from attnres.runs.status import status_rows
 from attnres.tracking import spool, states, store
@@ -129,15 +129,15 @@ def test_status_cli_says_how_many_runs_it_left_out(workdir):
     engine = get_engine(str(workdir / "runs.db"))
     for seed in range(25):
         new_run(engine, seed=seed, status=states.KILLED)  # (a finished run with no rows would be incomplete)
-    short = attnres("status", check=True).stdout
+    short = cli_here("status", check=True).stdout
     assert "20 of 25 runs" in short and "--all" in short
-    full = attnres("status", "--all", check=True).stdout
+    full = cli_here("status", "--all", check=True).stdout
     assert "of 25 runs" not in full and full.count("killed") == 25
 
 
 @pytest.mark.integration
 def test_bench_tracker_prints_ours_beside_raw_sqlite_as_json(workdir):
-    out = attnres("bench", "tracker", "--json", "--rows", "2000", "--runs", "3", "--steps", "60",
+    out = cli_here("bench", "tracker", "--json", "--rows", "2000", "--runs", "3", "--steps", "60",
                   "--status-runs", "30", "--repeat", "1", check=True).stdout
     got = json.loads(out)
     for field in ("ingest_rows_per_s", "raw_sqlite_rows_per_s", "log_call_p50_us", "log_call_p99_us",
@@ -155,7 +155,7 @@ def test_upgrade_to_clustered_metrics_keeps_every_row(workdir):
         conn.execute("insert into metric_keys (id, name) values (1, 'eval_loss'), (2, 'train_loss')")
         conn.executemany("insert into metrics (run_id, key_id, step, value) values (1, ?, ?, ?)",
                          [(k, s, k + s / 100) for k in (1, 2) for s in range(50)])
-    assert f"0004 -> {HEAD}" in attnres("db", "upgrade", check=True).stdout
+    assert f"0004 -> {HEAD}" in cli_here("db", "upgrade", check=True).stdout
     with sqlite3.connect(db) as conn:
         table = conn.execute("select sql from sqlite_master where name = 'metrics'").fetchone()[0]
         assert conn.execute("select count(*) from mirror_marks").fetchone() == (0,)  # 0006: mirrors, --on-end
@@ -166,7 +166,7 @@ def test_upgrade_to_clustered_metrics_keeps_every_row(workdir):
         indexes = {r[0] for r in conn.execute("select name from sqlite_master where type = 'index'")}
     assert "WITHOUT ROWID" in table and "ix_metrics_key_step" not in indexes
     assert got == [(k, s, k + s / 100) for k in (1, 2) for s in range(50)]
-    assert "finished" in attnres("status", check=True).stdout  # the upgraded file is in use as it is
+    assert "finished" in cli_here("status", check=True).stdout  # the upgraded file is in use as it is
 
 
 def test_summaries_are_dropped_by_any_write_and_the_report_reads_the_same_with_or_without_them(workdir):

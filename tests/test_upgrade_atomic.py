@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import attnres, database_at, metric_rows, sha, wait_for
+from helpers import cli_here, database_at, metric_rows, sha, wait_for
 
 from attnres.tracking.db import _ADDS, HEAD
 
@@ -100,12 +100,12 @@ def test_a_killed_upgrade_leaves_the_file_as_it_was_and_a_rerun_finishes_it(here
     assert now == first or ("alembic_version", HEAD) in now, now - first
     assert metric_rows(db, None) == ROWS
 
-    again = attnres("db", "upgrade", "--db", str(db))
+    again = cli_here("db", "upgrade", "--db", str(db))
     assert again.returncode == 0, f"killed {landed} at {point}: {again.stdout}{again.stderr}"
     assert f"-> {HEAD}" in again.stdout
     if interrupted:
         assert "an earlier upgrade of this file" in again.stdout, again.stdout
-    status = attnres("status", "--db", str(db), check=True).stdout
+    status = cli_here("status", "--db", str(db), check=True).stdout
     assert "finished" in status
     assert metric_rows(db, None) == ROWS  # every metric row is there
     with sqlite3.connect(db) as conn:
@@ -131,7 +131,7 @@ def test_a_migration_failing_late_leaves_the_file_byte_identical_and_names_the_c
         conn.execute("create trigger stop before update on alembic_version when new.version_num = '0006' "
                      "begin select raise(abort, 'stopped by the test'); end")
     before = sha(db)
-    proc = attnres("db", "upgrade", "--db", str(db))
+    proc = cli_here("db", "upgrade", "--db", str(db))
     assert proc.returncode == 2 and "stopped by the test" in proc.stderr and "rolled back" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert sha(db) == before  # byte for byte as it was
@@ -150,7 +150,7 @@ def test_a_migration_refusing_leaves_the_file_byte_identical(here):
                          "total_steps, step, created_at, world_size) values ('standard', 1, 'tiny', 'builtin', "
                          "'{}', 'twin', 'queued', 10, 0, '2026-01-01 00:00:00', 1)")
     before = sha(db)
-    proc = attnres("db", "upgrade")
+    proc = cli_here("db", "upgrade")
     assert proc.returncode == 2 and "active twins" in proc.stderr and "rolled back" in proc.stderr
     assert sha(db) == before
     (kept,) = complete(db)
@@ -164,12 +164,12 @@ def test_a_stamp_lost_by_an_earlier_attnres_is_one_line_then_upgraded(here):
     database_at(db, "0001")
     with sqlite3.connect(db) as conn:
         conn.execute("delete from alembic_version")
-    proc = attnres("status")
+    proc = cli_here("status")
     assert proc.returncode == 2 and "half-upgraded" in proc.stderr and "attnres db upgrade" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "no such column" not in proc.stderr
-    out = attnres("db", "upgrade", check=True).stdout
+    out = cli_here("db", "upgrade", check=True).stdout
     assert "taken as revision 0001" in out and f"0001 -> {HEAD}" in out
-    assert "finished" in attnres("status", check=True).stdout
+    assert "finished" in cli_here("status", check=True).stdout
 
 
 @pytest.mark.integration
@@ -182,10 +182,10 @@ def test_a_migration_begun_by_an_earlier_attnres_is_made_again(here):
         conn.execute("alter table runs add column mirrors_json text")
         conn.execute("create table mirror_marks (run_id integer)")
         conn.execute("create table _alembic_tmp_runs (id integer)")
-    assert "half-upgraded" in attnres("status").stderr
-    out = attnres("db", "upgrade", check=True).stdout
+    assert "half-upgraded" in cli_here("status").stderr
+    out = cli_here("db", "upgrade", check=True).stdout
     assert "runs.mirrors_json" in out and "mirror_marks" in out and f"0005 -> {HEAD}" in out
-    assert "finished" in attnres("status", check=True).stdout
+    assert "finished" in cli_here("status", check=True).stdout
 
 
 @pytest.mark.integration
@@ -197,7 +197,7 @@ def test_a_file_it_cannot_repair_is_refused_unchanged_or_put_back_from_its_copy(
     with sqlite3.connect(db) as conn:  # objects of 0004 in a file stamped 0001: not the next revision's
         conn.execute("alter table runs add column experiment text")
     before = sha(db)
-    proc = attnres("db", "upgrade")
+    proc = cli_here("db", "upgrade")
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert "runs.experiment (0004)" in proc.stderr and "put back the copy" in proc.stderr
     assert sha(db) == before and backups(db) == []  # refused before any copy
@@ -205,10 +205,10 @@ def test_a_file_it_cannot_repair_is_refused_unchanged_or_put_back_from_its_copy(
     kept = here / "runs.db.before-upgrade-0001-20260101-000000"
     shutil.copy(good, kept)
     Path(f"{db}.upgrading").write_text(json.dumps({"backup": str(kept), "from": "0001"}))
-    out = attnres("db", "upgrade", check=True).stdout
+    out = cli_here("db", "upgrade", check=True).stdout
     assert f"put back the copy made before it, {kept}" in out and f"0001 -> {HEAD}" in out
     assert complete(db) == [kept] and not Path(f"{db}.upgrading").exists()
-    assert "finished" in attnres("status", check=True).stdout
+    assert "finished" in cli_here("status", check=True).stdout
 
 
 def test_what_each_revision_adds_is_in_a_new_database(here):

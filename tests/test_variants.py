@@ -381,10 +381,10 @@ def test_variants_params_at_deep48_lists_the_deep_variants_as_refused():
 
 @pytest.mark.integration
 def test_resume_of_an_imported_run_is_one_line(workdir):
-    from helpers import attnres
+    from helpers import attnres, cli_here
 
     (workdir / "m.csv").write_text("variant,seed,step,key,value,status\nstandard,1,10,eval_loss,3.0,failed\n")
-    attnres("import", "m.csv", check=True)
+    cli_here("import", "m.csv", check=True)
     proc = attnres("resume", "1")
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "imported" in proc.stderr
 

@@ -5,14 +5,17 @@ on ``sys.path``: ``pythonpath`` in pyproject.toml's [tool.pytest.ini_options])."
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import hashlib
 import io
+import logging
 import multiprocessing.process
 import os
 import sqlite3
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -51,33 +54,72 @@ ISSUE_ROWS = ISSUE_STEPS * 6 + len(set(range(0, ISSUE_STEPS + 1, 25)) | {ISSUE_S
 
 
 # -- the CLI: in this process, or the real command -------------------------------------------------
-def cli_here(*args: object, check: bool = False) -> subprocess.CompletedProcess:
+def cli_here(*args: object, check: bool = False, timeout: float = 600,
+             columns: int = 200) -> subprocess.CompletedProcess:
     """The CLI's entry point called in the test's process, giving what :func:`attnres` gives (arguments, exit code,
-    stdout, stderr), at 200 columns as :func:`attnres` sets them. No interpreter starts and nothing is imported
-    again: a report takes ~0.2 s here and 3-4 s as its own process, most of it importing torch, pandas and
-    scipy. For verbs that start no process (report, status, compare, import, export, db, ...); a test of the
-    installed command itself, of a process's output to a pipe, or of a verb that starts a trainer uses
-    :func:`attnres`. ``args`` may hold paths and numbers: each is passed as its ``str``."""
+    stdout, stderr; ``columns`` wide, no colour). No interpreter starts and nothing is imported again: a report
+    takes ~0.2 s here and 3-4 s as its own process, most of it importing torch, pandas and scipy. For verbs that
+    start no trainer and whose process is not the subject; a test of the installed command, of output to a pipe,
+    of a verb that starts or stops a trainer, or of what a fresh interpreter prints uses :func:`attnres`.
+
+    As a process's end would, the call waits for the ``--on-end`` commands it started and closes the databases
+    it opened. Its warnings (those a plain interpreter shows) and log records go to its stderr. A
+    call still going after ``timeout`` seconds ends the test's worker with every thread's traceback (the
+    real command's timeout fails the test alone). ``args`` may hold paths and numbers: each is passed as its
+    ``str``."""
     argv = [str(a) for a in args]
     out, err = io.StringIO(), io.StringIO()
     saved_argv, saved_columns = sys.argv, os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = "200"  # (before the first import of the CLI: its consoles read it then)
-    from cli.main import main
-
-    sys.argv = ["attnres", *argv]
     code: object = 0
+    log = logging.StreamHandler(err)
+    log.setLevel(logging.WARNING)
+    faulthandler.dump_traceback_later(timeout, exit=True, file=sys.__stderr__)
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            main()
-    except SystemExit as done:
-        code = done.code
+        os.environ["COLUMNS"] = str(columns)  # (before the first import of the CLI: its consoles read it then)
+        from cli.app import console
+        from cli.app import err as err_console
+        from cli.main import main
+
+        consoles = [(c, c._width, c._color_system) for c in (console, err_console)]
+        for c, _, _ in consoles:  # as the real command writes to a pipe: its columns, no colour codes
+            c._width, c._color_system = columns, None
+        sys.argv = ["attnres", *argv]
+        logging.getLogger().addHandler(log)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                    warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("default")
+                try:
+                    main()
+                finally:  # a verb does not leave before the --on-end commands it started are done
+                    if "attnres.tracking.on_end" in sys.modules:
+                        sys.modules["attnres.tracking.on_end"].wait()
+        except SystemExit as done:
+            code = done.code
+        except BaseException as exc:
+            exc.add_note(f"attnres {' '.join(argv)} (in this process) wrote:\n{out.getvalue()}\n{err.getvalue()}")
+            raise
+        finally:
+            for c, width, colours in consoles:
+                c._width, c._color_system = width, colours
+            _quiet = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
+            for w in caught:
+                if not issubclass(w.category, _quiet):  # what a plain interpreter would print
+                    err.write(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line))
     finally:
+        faulthandler.cancel_dump_traceback_later()
+        logging.getLogger().removeHandler(log)
+        from attnres.tracking.run_store import RunStore
+
+        RunStore.forget_all()
         sys.argv = saved_argv
         if saved_columns is None:
             os.environ.pop("COLUMNS", None)
         else:
             os.environ["COLUMNS"] = saved_columns
-    returncode = code if isinstance(code, int) else (0 if code is None else 1)
+    if isinstance(code, str):  # as the interpreter does with sys.exit("message")
+        err.write(code + "\n")
+    returncode = (code & 0xFF) if isinstance(code, int) else (0 if code is None else 1)
     proc = subprocess.CompletedProcess(["attnres", *argv], returncode, out.getvalue(), err.getvalue())
     if check and returncode != 0:
         raise AssertionError(f"attnres {' '.join(argv)} failed ({returncode}):\n{proc.stdout}\n{proc.stderr}")

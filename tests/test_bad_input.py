@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers import attnres, cli_here, in_process, sha
+from helpers import attnres, in_process, sha
 
 from attnres.tracking import states, store
 from attnres.tracking.db import get_engine
@@ -80,6 +80,6 @@ def test_bad_input_through_the_installed_command_too(recorded, args, names):
 
 @pytest.mark.integration
 def test_status_in_an_empty_folder_is_an_empty_listing_not_an_error(workdir):
-    proc = cli_here("status", "--db", str(workdir / "none.db"))
+    proc = attnres("status", "--db", str(workdir / "none.db"))
     assert proc.returncode == 0 and "no runs yet" in proc.stdout and proc.stderr == ""
     assert not (workdir / "none.db").exists()

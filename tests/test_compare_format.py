@@ -7,7 +7,7 @@ import math
 import re
 
 import pytest
-from helpers import arms_csv, in_process
+from helpers import arms_csv, cli_here, in_process
 from seed_scenario import FINAL
 from seed_scenario import rows as seed_rows
 
@@ -102,10 +102,8 @@ def test_a_loss_is_printed_the_same_in_the_report_and_in_compare(seed_db, capsys
 
 
 def test_compare_on_the_terminal_writes_numbers_as_the_markdown_does(seed_db, capsys, monkeypatch):
-    from cli import app as cli_app
-
-    monkeypatch.setattr(cli_app.console, "width", 250)  # (a console made before COLUMNS was set folds at 160)
-    code, out, err = in_process(["compare", "block_hybrid_memory", "standard"], capsys, monkeypatch)
+    proc = cli_here("compare", "block_hybrid_memory", "standard", columns=250)  # (the whole table on one line a row)
+    code, out, err = proc.returncode, proc.stdout, proc.stderr
     assert code == 0, err
     assert not NAN.search(out)
     for raw in ("49,000,000,000", "120,000,000,000", "459,000.0", "197,000.0", "6000.0", "32.0000"):

@@ -68,10 +68,8 @@ def test_bad_ladders_are_one_line_and_record_nothing(workdir, capsys, monkeypatc
 
 
 def test_variants_params_shows_each_variants_training_flops(capsys, monkeypatch):
-    from cli import app as cli_app
-
-    monkeypatch.setattr(cli_app.console, "width", 250)  # (a console made before COLUMNS was set folds at 160)
-    code, out, err = in_process(["variants", "--params"], capsys, monkeypatch)
+    proc = cli_here("variants", "--params", columns=250)  # (the whole table on one line a row)
+    code, out, err = proc.returncode, proc.stdout, proc.stderr
     assert code == 0, err
     run = resolve_run("control_block", "tiny", 0)
     flops = training_flops(run, model_params(run.model)["non_embedding"])

@@ -91,8 +91,16 @@ def get_engine(db: str | None = None, create: bool = True, busy_s: float | None 
 
 
 def forget_engines() -> None:
-    """Drop every engine made so far (after an upgrade changed the schema they checked)."""
+    """Drop every engine made so far and close their pooled connections: after an upgrade changed the schema
+    they checked, and in a process that goes on past the databases it opened (a pooled SQLite connection
+    keeps its file open, and its write-ahead log from being folded back, until it is closed). An engine still
+    held elsewhere stays usable: it opens new connections."""
     _engine.cache_clear()
+    while _MADE:
+        _MADE.pop().dispose()
+
+
+_MADE: list[Engine] = []  # every engine _engine made since the last forget_engines
 
 
 @cache
@@ -116,6 +124,7 @@ def _engine(url: str, db: str | None, create: bool, busy_s: float) -> Engine:
         raise AttnresError(f"cannot open database '{db or default_url()}': {msg}") from None
     if is_sqlite:
         _FILES[id(engine)] = _identity(Path(url.split("///", 1)[1]))
+    _MADE.append(engine)
     return engine
 
 

@@ -13,8 +13,6 @@ from attnres.tracking import states
 from attnres.tracking.run_store import RunStore
 from attnres.variants.registry import resolve_run
 
-pytestmark = pytest.mark.integration
-
 BASE = {42: 3.00, 1337: 3.04, 123: 3.08}  # standard's eval loss at step 100
 HYBRID = {42: 2.90, 1337: 2.92, 123: 2.95, 456: 2.93}
 
@@ -91,6 +89,7 @@ def test_report_has_exact_statistics(db, workdir):
     assert (workdir / "r_figures" / "delta_curves.png").stat().st_size > 10_000
 
 
+@pytest.mark.integration
 def test_report_is_identical_when_run_twice(db, workdir):
     cli_here("report", "--out", "a/r.md", check=True)
     attnres("report", "--out", "b/r.md", check=True)

@@ -124,7 +124,6 @@ def test_the_status_reads_name_only_columns_of_the_schema():
         assert set(t.c.keys()) <= set(Base.metadata.tables[t.name].c.keys()), t.name
 
 
-@pytest.mark.integration
 def test_status_cli_says_how_many_runs_it_left_out(workdir):
     engine = get_engine(str(workdir / "runs.db"))
     for seed in range(25):
@@ -147,7 +146,6 @@ def test_bench_tracker_prints_ours_beside_raw_sqlite_as_json(workdir):
     assert got["log_call_p50_us"] <= got["log_call_p99_us"]
 
 
-@pytest.mark.integration
 def test_upgrade_to_clustered_metrics_keeps_every_row(workdir):
     db = workdir / "runs.db"
     database_at(db, "0004")

@@ -121,7 +121,6 @@ def test_a_killed_upgrade_leaves_the_file_as_it_was_and_a_rerun_finishes_it(here
     print(f"kill at {point} ({journal}): landed {landed}, {'an' if interrupted else 'no'} upgrade under way")
 
 
-@pytest.mark.integration
 def test_a_migration_failing_late_leaves_the_file_byte_identical_and_names_the_copy(here, big):
     db = here / "runs.db"
     shutil.copy(big, db)
@@ -140,7 +139,6 @@ def test_a_migration_failing_late_leaves_the_file_byte_identical_and_names_the_c
     assert metric_rows(kept, None) == ROWS and not Path(f"{db}.upgrading").exists()
 
 
-@pytest.mark.integration
 def test_a_migration_refusing_leaves_the_file_byte_identical(here):
     db = here / "runs.db"
     database_at(db, "0001")
@@ -157,7 +155,6 @@ def test_a_migration_refusing_leaves_the_file_byte_identical(here):
     assert str(kept) in proc.stderr
 
 
-@pytest.mark.integration
 def test_a_stamp_lost_by_an_earlier_attnres_is_one_line_then_upgraded(here):
     """The issue's wedge: an empty alembic_version table (the old upgrade committed its CREATE only)."""
     db = here / "runs.db"
@@ -172,7 +169,6 @@ def test_a_stamp_lost_by_an_earlier_attnres_is_one_line_then_upgraded(here):
     assert "finished" in cli_here("status", check=True).stdout
 
 
-@pytest.mark.integration
 def test_a_migration_begun_by_an_earlier_attnres_is_made_again(here):
     """The old upgrade also committed the first migration's leading DDL: its columns and tables are dropped
     and made again, in the one transaction."""
@@ -188,7 +184,6 @@ def test_a_migration_begun_by_an_earlier_attnres_is_made_again(here):
     assert "finished" in cli_here("status", check=True).stdout
 
 
-@pytest.mark.integration
 def test_a_file_it_cannot_repair_is_refused_unchanged_or_put_back_from_its_copy(here):
     db = here / "runs.db"
     database_at(db, "0001")

@@ -299,7 +299,7 @@ def ladder_table(runs: pd.DataFrame) -> pd.DataFrame:
     table = table.sort_values(["order", "variant"], kind="stable").drop(columns="order")
     return pd.DataFrame({"size": table["size"], "variant": table["variant"], "runs": table["runs"].astype(int),
                          "compute (FLOPs)": [_num(c) for c in table["compute"]],
-                         "eval loss": [f"{m:.4f}" + (f" ± {sd:.4f}" if math.isfinite(sd) else "")
+                         "eval loss": [numbers.loss(m) + (f" ± {numbers.loss(sd)}" if math.isfinite(sd) else "")
                                        for m, sd in zip(table["mean"], table["sd"], strict=True)]})
 
 

@@ -54,6 +54,10 @@ ISSUE_ROWS = ISSUE_STEPS * 6 + len(set(range(0, ISSUE_STEPS + 1, 25)) | {ISSUE_S
 
 
 # -- the CLI: in this process, or the real command -------------------------------------------------
+# warnings a plain interpreter does not print (its default filters)
+_HIDDEN_WARNINGS = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
+
+
 def cli_here(*args: object, check: bool = False, timeout: float = 600,
              columns: int = 200) -> subprocess.CompletedProcess:
     """The CLI's entry point called in the test's process, giving what :func:`attnres` gives (arguments, exit code,
@@ -67,62 +71,57 @@ def cli_here(*args: object, check: bool = False, timeout: float = 600,
     call still going after ``timeout`` seconds ends the test's worker with every thread's traceback (the
     real command's timeout fails the test alone). ``args`` may hold paths and numbers: each is passed as its
     ``str``."""
+    from attnres.tracking.run_store import RunStore
+
     argv = [str(a) for a in args]
     out, err = io.StringIO(), io.StringIO()
-    saved_argv, saved_columns = sys.argv, os.environ.get("COLUMNS")
     code: object = 0
-    log = logging.StreamHandler(err)
-    log.setLevel(logging.WARNING)
-    faulthandler.dump_traceback_later(timeout, exit=True, file=sys.__stderr__)
-    try:
-        os.environ["COLUMNS"] = str(columns)  # (before the first import of the CLI: its consoles read it then)
+    # (left in the reverse order: the output first, then the process's settings)
+    with pytest.MonkeyPatch.context() as settings, contextlib.ExitStack() as leaving:
+        faulthandler.dump_traceback_later(timeout, exit=True, file=sys.__stderr__)
+        leaving.callback(faulthandler.cancel_dump_traceback_later)
+        settings.setenv("COLUMNS", str(columns))  # (before the first import of the CLI: its consoles read it then)
         from cli.app import console
         from cli.app import err as err_console
         from cli.main import main
 
-        consoles = [(c, c._width, c._color_system) for c in (console, err_console)]
-        for c, _, _ in consoles:  # as the real command writes to a pipe: its columns, no colour codes
-            c._width, c._color_system = columns, None
-        sys.argv = ["attnres", *argv]
-        logging.getLogger().addHandler(log)
+        for c in (console, err_console):  # as the real command writes to a pipe: its columns, no colour codes
+            settings.setattr(c, "_width", columns)
+            settings.setattr(c, "_color_system", None)
+        settings.setattr(sys, "argv", ["attnres", *argv])
+        leaving.callback(RunStore.forget_all)  # a process's end closes its databases
+        log, root = logging.StreamHandler(err), logging.getLogger()
+        log.setLevel(logging.WARNING)
+        root.addHandler(log)
+        leaving.callback(root.removeHandler, log)
+        caught = leaving.enter_context(warnings.catch_warnings(record=True))
+        warnings.simplefilter("default")
+        leaving.enter_context(contextlib.redirect_stdout(out))
+        leaving.enter_context(contextlib.redirect_stderr(err))
         try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-                    warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("default")
-                try:
-                    main()
-                finally:  # a verb does not leave before the --on-end commands it started are done
-                    if "attnres.tracking.on_end" in sys.modules:
-                        sys.modules["attnres.tracking.on_end"].wait()
+            main()
         except SystemExit as done:
             code = done.code
         except BaseException as exc:
             exc.add_note(f"attnres {' '.join(argv)} (in this process) wrote:\n{out.getvalue()}\n{err.getvalue()}")
             raise
         finally:
-            for c, width, colours in consoles:
-                c._width, c._color_system = width, colours
-            _quiet = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
-            for w in caught:
-                if not issubclass(w.category, _quiet):  # what a plain interpreter would print
-                    err.write(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line))
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-        logging.getLogger().removeHandler(log)
-        from attnres.tracking.run_store import RunStore
-
-        RunStore.forget_all()
-        sys.argv = saved_argv
-        if saved_columns is None:
-            os.environ.pop("COLUMNS", None)
-        else:
-            os.environ["COLUMNS"] = saved_columns
+            if "attnres.tracking.on_end" in sys.modules:  # a verb does not leave before its --on-end commands end
+                sys.modules["attnres.tracking.on_end"].wait()
+            err.writelines(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line)
+                           for w in caught if not issubclass(w.category, _HIDDEN_WARNINGS))
     if isinstance(code, str):  # as the interpreter does with sys.exit("message")
         err.write(code + "\n")
     returncode = (code & 0xFF) if isinstance(code, int) else (0 if code is None else 1)
-    proc = subprocess.CompletedProcess(["attnres", *argv], returncode, out.getvalue(), err.getvalue())
-    if check and returncode != 0:
-        raise AssertionError(f"attnres {' '.join(argv)} failed ({returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return _checked(subprocess.CompletedProcess(["attnres", *argv], returncode, out.getvalue(), err.getvalue()),
+                    argv, check)
+
+
+def _checked(proc: subprocess.CompletedProcess, args: Iterable[object], check: bool) -> subprocess.CompletedProcess:
+    """``proc``, or (``check``) an AssertionError with its output when `attnres ARGS` failed."""
+    if check and proc.returncode != 0:
+        raise AssertionError(f"attnres {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout}\n"
+                             f"{proc.stderr}")
     return proc
 
 
@@ -138,9 +137,7 @@ def attnres(*args: str, check: bool = False, timeout: float = 600) -> subprocess
     """Run the real CLI in a subprocess, as a user would (a test calling it is marked ``integration``)."""
     proc = subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True,
                           timeout=timeout, env=os.environ | {"COLUMNS": "200"}, cwd=os.getcwd())
-    if check and proc.returncode != 0:
-        raise AssertionError(f"attnres {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return proc
+    return _checked(proc, args, check)
 
 
 def queue_pid(stdout: str) -> int:

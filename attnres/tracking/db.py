@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -87,7 +86,15 @@ def get_engine(db: str | None = None, create: bool = True, busy_s: float | None 
     One engine per database, resolved now: the default (``$ATTNRES_DB``) and relative paths name
     another file after a change of folder or environment, and must not reuse the first one's engine.
     """
-    return _engine(normalize_url(db), db, create, busy_timeout_s() if busy_s is None else busy_s)
+    key = (normalize_url(db), db, create, busy_timeout_s() if busy_s is None else busy_s)
+    if key not in _ENGINES:  # (one that cannot be made raises, and is asked for again next time)
+        _ENGINES[key] = _engine(*key)
+    return _ENGINES[key]
+
+
+# the engines made so far, by URL, as given, create and busy_s: the one place they are kept, so that
+# forget_engines can close them
+_ENGINES: dict[tuple[str, str | None, bool, float], Engine] = {}
 
 
 def forget_engines() -> None:
@@ -95,15 +102,12 @@ def forget_engines() -> None:
     they checked, and in a process that goes on past the databases it opened (a pooled SQLite connection
     keeps its file open, and its write-ahead log from being folded back, until it is closed). An engine still
     held elsewhere stays usable: it opens new connections."""
-    _engine.cache_clear()
-    while _MADE:
-        _MADE.pop().dispose()
+    while _ENGINES:
+        engine = _ENGINES.popitem()[1]
+        _FILES.pop(id(engine), None)  # (its id may be a new engine's next)
+        engine.dispose()
 
 
-_MADE: list[Engine] = []  # every engine _engine made since the last forget_engines
-
-
-@cache
 def _engine(url: str, db: str | None, create: bool, busy_s: float) -> Engine:
     is_sqlite = url.startswith("sqlite")
     if is_sqlite and not create:
@@ -124,7 +128,6 @@ def _engine(url: str, db: str | None, create: bool, busy_s: float) -> Engine:
         raise AttnresError(f"cannot open database '{db or default_url()}': {msg}") from None
     if is_sqlite:
         _FILES[id(engine)] = _identity(Path(url.split("///", 1)[1]))
-    _MADE.append(engine)
     return engine
 
 

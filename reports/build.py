@@ -66,11 +66,12 @@ def provenance(store: RunStore, runs: pd.DataFrame, today: dt.date | None = None
     }
 
 
-def _scoped(store: RunStore, experiment: str | None, preset: str | None, budget: int | None,
+def _scoped(table: pd.DataFrame, experiment: str | None, preset: str | None, budget: int | None,
             baseline: str | None = None, data: str | None = None, pick: dict[str, str] | None = None,
             tuned: str | None = None) -> tuple[pd.DataFrame, Scope, list[Scope]]:
+    """The runs of the scope chosen from ``table`` (every run row), the scope, and the database's other scopes."""
     try:
-        return select(store.run_table(), experiment, preset, budget, baseline, data, pick, tuned)
+        return select(table, experiment, preset, budget, baseline, data, pick, tuned)
     except ReportError as exc:
         raise AttnresError(str(exc)) from None
 
@@ -167,14 +168,15 @@ def write_report(store: RunStore, out: Path, baseline: str = "standard", step: i
     folder = figures or figures_folder(out)
     if plots:
         outputs.check(folder, folder=True)
-    runs, scope, others = _scoped(store, experiment, preset, budget, baseline, data, pick, tuned)
+    table = store.run_table()
+    runs, scope, others = _scoped(table, experiment, preset, budget, baseline, data, pick, tuned)
     notes = []
     if tuned is not None and baseline not in set(runs["variant"]) and runs["variant"].nunique() == 1:
         runs, baseline, note = _sweep_arms(runs, scope, tuned)
         scope, tuned = replace(scope, tuned=None), None
         notes.append(note)
     _one_variant(runs, scope, others, baseline)
-    notes += ladder_note(store.run_table(experiment=scope.experiment), scope.experiment, db_args(store))  # (scaling)
+    notes += ladder_note(table[table["experiment"] == scope.experiment], scope.experiment, db_args(store))
     res = store.load_results(step=step, runs=runs)
     table = _tuned(res, tuned)
     if len(res.superseded):
@@ -237,7 +239,7 @@ def next_plan(store: RunStore, baseline: str = "standard", experiment: str | Non
               max_seeds: int = MAX_SEEDS, kinds: tuple[str, ...] = KINDS) -> Plan:
     """The What's Next plan of one scope (as its document gives it, for the parts ``kinds``): what ``attnres
     next`` prints and launches."""
-    runs, scope, _ = _scoped(store, experiment, preset, budget, baseline, data, pick)
+    runs, scope, _ = _scoped(store.run_table(), experiment, preset, budget, baseline, data, pick)
     res = store.load_results(runs=runs)
     if baseline not in set(res.runs["variant"]):
         raise AttnresError(f"no runs of the baseline '{baseline}' in {scope.label()}; run it or pass --baseline")

@@ -39,10 +39,9 @@ def _compute_from_config(runs: pd.DataFrame) -> dict[int, float]:
     return out
 
 
-def ladder(store: RunStore, experiment: str | None = None) -> tuple[str, pd.DataFrame]:
+def ladder(store: RunStore, table: pd.DataFrame, experiment: str | None = None) -> tuple[str, pd.DataFrame]:
     """The experiment of the ladder (default: the newest with finished runs at two sizes or more) and its runs
-    as the fits take them (:func:`reports.scaling.ladder_runs`)."""
-    table = store.run_table()
+    as the fits take them (:func:`reports.scaling.ladder_runs`); ``table``: the store's run rows."""
     found = scaling.ladder_experiments(table, states.FINISHED)
     if experiment is None:
         if not found:
@@ -76,14 +75,15 @@ def write_scaling(store: RunStore, out: Path, baseline: str = "standard", plots:
     folder = figures or figures_folder(out)
     if plots:
         outputs.check(folder, folder=True)
-    name, runs = ladder(store, experiment)
+    table = store.run_table()
+    name, runs = ladder(store, table, experiment)
     found = scaling.fits(runs, bootstrap)
     link = None
     if plots and not runs.empty:
         folder.mkdir(parents=True, exist_ok=True)
         _save(scaling.figure(runs, found), folder / "scaling.png")
         link = (Path(os.path.relpath(folder, out.parent)) / "scaling.png").as_posix()
-    source = store.run_table(experiment=name)
+    source = table[table["experiment"] == name]
     facts = provenance(store, source[source["id"].isin(runs["run_id"])] if not runs.empty else source)
     text = scaling.document(runs, found, baseline, name, facts, link, bootstrap)
     outputs.write_text(out, text)

@@ -102,7 +102,7 @@ def test_the_scaling_study_recovers_a_known_law_from_a_database(workdir, capsys,
     c0 = 1e12
     law = {"e": 2.0, "a": 2.0 * c0**0.3, "alpha": 0.3}
     _synthetic_ladder(store, law, worth=1.25, seeds=4, rng=np.random.default_rng(3))
-    name, frame = ladder(store)
+    name, frame = ladder(store, store.run_table())
     assert name == "ladder" and len(frame) == 2 * len(SIZES) * 4 and frame["size"].nunique() == len(SIZES)
     for run in frame.itertuples():  # logged or worked out from the config, the compute is the FLOPs rule's
         cfg = RunConfig.from_dict(json.loads(store.run(run.run_id).config_json))
@@ -151,7 +151,7 @@ def test_a_real_tiny_ladder_trains_records_its_flops_and_fits(workdir):
     done = runs(workdir)
     assert [r["status"] for r in done] == ["finished"] * 4 and {r["experiment"] for r in done} == {"tiny-scale"}
     store = RunStore(str(workdir / "runs.db"))
-    _, frame = ladder(store)
+    _, frame = ladder(store, store.run_table())
     last = store.latest_values([r["id"] for r in done], ["train_flops"])
     for run in done:  # the trainer's own count at its last step is the FLOPs rule's for the config it trained
         cfg = RunConfig.from_dict(json.loads(run["config_json"]))

@@ -24,6 +24,17 @@ from attnres.errors import AttnresError, unknown
 #: what an experiment may be called (a folder name, a mirror's experiment, a report's scope)
 EXPERIMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
+# A seed every part of a run takes: torch.manual_seed and numpy's generators (the loader's) take 0 to 2**32 - 1,
+# the runs table's seed column (INTEGER: 32-bit signed in PostgreSQL) 2**31 - 1 at most. One rule for every seed
+# attnres is given: `launch --seeds`, `scale --seeds` and an imported file's seed column.
+SEED_MAX = 2**31 - 1
+SEED_RULE = f"a seed is a whole number from 0 to {SEED_MAX}"
+
+
+def is_seed(value: object) -> bool:
+    """Whether ``value`` is a seed by :data:`SEED_RULE` (an int, not a bool, from 0 to :data:`SEED_MAX`)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= SEED_MAX
+
 
 @dataclass(frozen=True)
 class ResidualSpec:

@@ -44,8 +44,8 @@ def spool_of(log: Path) -> Path:
 
 
 def spools() -> list[Path]:
-    """Every non-empty spool under the logs folder."""
-    return sorted(p for p in logs_dir().glob("*.spool.jsonl") if p.stat().st_size)
+    """Every non-empty spool under the logs folder (regular files only: a FIFO or folder so named is none)."""
+    return sorted(p for p in logs_dir().glob("*.spool.jsonl") if p.is_file() and p.stat().st_size)
 
 
 def sbatch_script(log: Path) -> Path:

@@ -31,6 +31,9 @@ BudgetOpt = Annotated[int | None, typer.Option("--budget", min=1, help="only run
 DataOpt = Annotated[str | None, typer.Option("--data", help="only runs on this prepared dataset")]
 CellOpt = Annotated[list[str] | None, typer.Option("--set", help="one cell of a sweep: KEY=VALUE (repeatable), "
                                                   "e.g. --set lr=1e-3")]
+# The largest run id a database holds (SQLite's INTEGER is signed 64-bit): every run id argument or option takes
+# max=RUN_ID_MAX, so a larger one is one line at parse time, never an OverflowError from the database driver.
+RUN_ID_MAX = 2**63 - 1
 TunedOpt = Annotated[str | None, typer.Option("--tuned", help="compare each variant at its best value of this swept "
                                               "setting (e.g. --tuned lr)")]
 

@@ -9,6 +9,7 @@ import typer
 
 from attnres import outputs
 from cli.app import (
+    RUN_ID_MAX,
     BudgetOpt,
     CellOpt,
     DataOpt,
@@ -128,7 +129,7 @@ def compare(
 
 @app.command()
 def inspect(
-    run: Annotated[int, typer.Argument(min=1, help="run id (an AttnRes variant's)")],
+    run: Annotated[int, typer.Argument(min=1, max=RUN_ID_MAX, help="run id (an AttnRes variant's)")],
     out: Annotated[Path, typer.Option("--out", help="PNG file to draw the map to")] = Path("depth_map.png"),
     step: Annotated[int | None, typer.Option(min=0, help="eval step (default: the run's last map)")] = None,
     db: DbOpt = None,

@@ -16,6 +16,7 @@ from attnres.errors import AttnresError
 from attnres.runs import DEFAULT_BACKEND
 from attnres.tracking.run_store import DatabaseError, RunStore
 from cli.app import (
+    RUN_ID_MAX,
     DbOpt,
     ExperimentOpt,
     PresetOpt,
@@ -115,6 +116,7 @@ def start_runs(variant: list[str], seeds: list[int] | None, preset: str, experim
     placement = backends.get(backend).placement(nproc, given)
     req = planning.request(variant, seeds, preset, steps, set_, data, backend, placement, kill_if_worse_than,
                            by, at_step, force, experiment, mirror, on_end, ladder)
+    planning.check_request_data(req)  # its data and windows, before the database is opened (a dry run too)
     for warning in (planning.on_end_warning(on_end), backends.get(req.backend).warning(req.placement),
                     ladder_warning([r.size for r in req.ladder]) if req.ladder else None):
         if warning:
@@ -150,7 +152,8 @@ def key_values(items: list[str], option: str) -> dict[str, str]:
 
 @app.command()
 def resume(
-    run: Annotated[list[int], typer.Argument(min=1, help="run ids to continue from their last checkpoint")],
+    run: Annotated[list[int], typer.Argument(min=1, max=RUN_ID_MAX, help="run ids to continue from their last "
+                                             "checkpoint")],
     detach: Annotated[bool, typer.Option(help="return at once; the queue runs in the background")] = False,
     restart: Annotated[bool, typer.Option(help="start over from step 0 (checkpoints are set aside, kept)")] = False,
     db: DbOpt = None,
@@ -169,7 +172,7 @@ def resume(
 
 @app.command()
 def kill(
-    run: Annotated[list[int] | None, typer.Argument(min=1, help="run ids")] = None,
+    run: Annotated[list[int] | None, typer.Argument(min=1, max=RUN_ID_MAX, help="run ids")] = None,
     all_: Annotated[bool, typer.Option("--all", help="every queued or running run")] = False,
     db: DbOpt = None,
 ) -> None:
@@ -184,7 +187,7 @@ def kill(
 
 @app.command()
 def logs(
-    run: Annotated[int, typer.Argument(min=1, help="run id")],
+    run: Annotated[int, typer.Argument(min=1, max=RUN_ID_MAX, help="run id")],
     follow: Annotated[bool, typer.Option("-f", "--follow", help="keep printing until the run ends")] = False,
     lines: Annotated[int, typer.Option("-n", min=0, help="last lines to show")] = 40,
     db: DbOpt = None,
@@ -210,7 +213,17 @@ def status(
 ) -> None:
     """Live state of the runs: active ones and the most recent (runs whose process died are marked failed first)."""
 
-    from attnres.runs.status import RECENT, grid_rows, reconcile, resume_note, slot_waits, status_rows, why_notes
+    from attnres.runs.status import (
+        RECENT,
+        gone_notes,
+        grid_rows,
+        reconcile,
+        resume_note,
+        slot_waits,
+        status_rows,
+        unrecorded,
+        why_notes,
+    )
     from attnres.tracking import states
 
     if not RunStore.exists(db):  # nothing launched here yet: an empty listing, not an error (and no file made)
@@ -258,8 +271,9 @@ def status(
                     live.update(render())
         except KeyboardInterrupt:
             return
-    reconcile(store, experiment, preset, None if all_ else RECENT)  # the one step of status that writes
-    rows, total = status_rows(store, experiment, preset, None if all_ else RECENT)
+    errors = reconcile(store, experiment, preset, None if all_ else RECENT)  # the one step of status that writes
+    gone = unrecorded(store)  # running, but its process is gone: an end the database did not take (read-only...)
+    rows, total = status_rows(store, experiment, preset, None if all_ else RECENT, gone)
     if not rows:
         console.print("no runs match the filter" if experiment or preset
                       else "no runs yet: start one with `attnres launch standard --seeds 42`")
@@ -278,7 +292,7 @@ def status(
         table.caption = (f"{len(rows)} of {total} runs: the active ones and the {RECENT} most recent "
                          "(--all for every run)")
     console.print(table)
-    for line in [*why_notes(store, rows), *slot_waits(rows), *resume_note(rows)]:
+    for line in [*gone_notes(rows, gone, errors), *why_notes(store, rows), *slot_waits(rows), *resume_note(rows)]:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 

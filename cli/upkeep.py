@@ -8,19 +8,30 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from attnres.errors import AttnresError
-from cli.app import DbOpt, app, console, db_app, err
+from cli.app import RUN_ID_MAX, DbOpt, app, console, db_app, err
 
 if TYPE_CHECKING:
     from attnres.tracking.run_store import RunStore
 
 
+def _spool_files(files: list[Path] | None) -> list[Path] | None:
+    """The named files, each identified as a run's spool at parse time: any other (a text file, a directory, a
+    FIFO, a device, an unreadable one) is one line and exit 2, before the database or any file is touched."""
+    if not files:
+        return files
+    from attnres.tracking.run_store import RunStore
+
+    return [RunStore.spool_file(f) for f in files]
+
+
 @app.command()
 def sync(
-    spool: Annotated[list[Path] | None, typer.Argument(help="spool files (default: logs/*.spool.jsonl)")] = None,
+    spool: Annotated[list[Path] | None, typer.Argument(callback=_spool_files, help="spool files (default: "
+                                                       "logs/*.spool.jsonl); any other file is refused")] = None,
     mirror: Annotated[list[str] | None, typer.Option("--mirror", help="then send the runs to this mirror: what it "
                                                      "does not hold yet (mlflow[=URI], trackio[=PROJECT], "
                                                      "wandb[=PROJECT]; repeatable)")] = None,
-    run: Annotated[list[int] | None, typer.Option("--run", min=1, help="with --mirror: only this run "
+    run: Annotated[list[int] | None, typer.Option("--run", min=1, max=RUN_ID_MAX, help="with --mirror: only this run "
                                                   "(repeatable; default every run)")] = None,
     db: DbOpt = None,
 ) -> None:

@@ -47,7 +47,11 @@ def next_cmd(
     plan = next_plan(store, canonical(baseline), experiment, preset, budget, data, parse_pick(set_ or []),
                      max_seeds or plans.MAX_SEEDS, kinds)
     console.print(Text(f"What's next for {plan.scope.label()}:", style="bold"))
-    for i, item in enumerate(plan.items, 1):
+    shown = plan.shown(kinds)  # (--only: its parts alone, as --launch starts them)
+    parts = " ".join(f"--only {k}" for k in dict.fromkeys(kinds)) if set(kinds) < set(plans.KINDS) else ""
+    if not shown and parts:
+        console.print(f"nothing to do for {parts}", markup=False)
+    for i, item in enumerate(shown, 1):
         console.print(Text(f"{i}. {plans.TITLES[item.kind]}", style="bold"))
         for line in item.lines:
             console.print(Text(f"   - {line}"), soft_wrap=True)
@@ -56,7 +60,8 @@ def next_cmd(
     cells = plan.cells(kinds)
     if not launch:
         if cells and not plan.imported:
-            console.print(f"`attnres next --launch` starts these {len(cells)} run(s).")
+            console.print(f"{f'With {parts}, ' if parts else ''}`attnres next --launch` starts these {len(cells)} "
+                          "run(s).")
         return
     orchestrator.reconcile(store)  # after a crash: its dead runs end (and continue below) before planning
     requests = plan.requests(kinds)

@@ -167,7 +167,7 @@ def write_report(store: RunStore, out: Path, baseline: str = "standard", step: i
     outputs.check(out, example="attnres-results.md")
     folder = figures or figures_folder(out)
     if plots:
-        outputs.check(folder, folder=True)
+        outputs.check(folder, folder=True, inside=FIGURE_FILES)
     table = store.run_table()
     runs, scope, others = _scoped(table, experiment, preset, budget, baseline, data, pick, tuned)
     notes = []
@@ -248,6 +248,10 @@ def next_plan(store: RunStore, baseline: str = "standard", experiment: str | Non
                        max_seeds, db_args(store), kinds).plan
     except ReportError as exc:
         raise AttnresError(f"cannot plan: {exc}") from None
+
+
+#: the files :func:`_figures` may write into a document's figures folder (each checked before any work)
+FIGURE_FILES = ("delta_curves.png", "throughput_vs_delta.png", "depth_maps.png")
 
 
 def figures_folder(out: Path) -> Path:

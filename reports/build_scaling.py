@@ -74,7 +74,7 @@ def write_scaling(store: RunStore, out: Path, baseline: str = "standard", plots:
     outputs.check(out, example="scaling.md")
     folder = figures or figures_folder(out)
     if plots:
-        outputs.check(folder, folder=True)
+        outputs.check(folder, folder=True, inside=("scaling.png",))
     table = store.run_table()
     name, runs = ladder(store, table, experiment)
     found = scaling.fits(runs, bootstrap)

@@ -78,8 +78,16 @@ class Plan:
     def launches(self, kinds: tuple[str, ...] = KINDS) -> list[Launch]:
         return [x for item in self.items if item.kind in kinds for x in item.launches]
 
-    def cells(self, kinds: tuple[str, ...] = KINDS) -> list[tuple[str, int]]:
-        return [(v, s) for x in self.launches(kinds) for v in x.variants for s in x.seeds]
+    def cells(self, kinds: tuple[str, ...] = KINDS) -> list[tuple[str, int, str]]:
+        """The runs the launches of ``kinds`` start: (variant, seed, swept --set values), one per run (a swept
+        setting, as a retry's ``lr=a,b``, is a run per value)."""
+        return [(v, s, ",".join(f"{k}={val}" for k, val in cell.items())) for x in self.launches(kinds)
+                for cell in grid.cells(grid.split_sweeps(x.overrides)[1]) for v in x.variants for s in x.seeds]
+
+    def shown(self, kinds: tuple[str, ...] = KINDS) -> list[Item]:
+        """The items ``attnres next --only KINDS`` prints: those parts alone, so every launch command it prints is
+        one that ``--launch`` with the same ``--only`` starts; unfiltered, every item (the runs in progress too)."""
+        return [i for i in self.items if i.kind in kinds or (i.kind == RUNNING_ITEM and set(kinds) >= set(KINDS))]
 
     def commands(self, item: Item) -> list[list[str]]:
         """An item's commands, each with this plan's database."""

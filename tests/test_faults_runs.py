@@ -159,6 +159,31 @@ def test_a_cut_checkpoint_falls_back_to_the_previous_one(workdir):
     assert again.returncode == 2 and "only failed, killed, preempted" in again.stderr
 
 
+def test_resume_with_every_checkpoint_unreadable_refuses_and_keeps_every_row(workdir):
+    attnres("launch", "standard", "--seeds", "3", *issue_run(int(LONG)), *BYTES, "--set", "checkpoint_every=2",
+            "--detach", check=True)
+    trainer = wait_for(lambda: (rows := runs(workdir)) and rows[0]["step"] >= 6 and rows[0]["pid"] and rows[0])
+    os.kill(trainer["pid"], signal.SIGKILL)  # no save on the way out: the files on disk are the last ones
+    wait_for(lambda: runs(workdir)[0]["status"] in ("failed", "killed"))
+    folder = workdir / "checkpoints" / "run-1"
+    for name in ("last.pt", "prev.pt"):
+        (folder / name).write_bytes(os.urandom(4096))
+    rows, steps = metric_rows(workdir / "runs.db"), train_steps(workdir / "runs.db")
+    assert rows and steps
+    for _ in range(2):  # refused again, the same way: nothing was changed by the first refusal
+        refused = cli_here("resume", "1")
+        assert refused.returncode == 2, refused
+        assert len(refused.stderr.strip().splitlines()) == 1 and "--restart 1" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+        assert (metric_rows(workdir / "runs.db"), train_steps(workdir / "runs.db")) == (rows, steps)
+        assert runs(workdir)[0]["status"] in ("failed", "killed")
+    restarted = attnres("resume", "1", "--restart", "--detach", check=True)
+    assert "starting over from step 0" in restarted.stdout
+    assert (workdir / "checkpoints" / "run-1.restart-1" / "last.pt").read_bytes() != b""  # the damaged files, kept
+    wait_for(lambda: runs(workdir)[0]["status"] == "running" and len(train_steps(workdir / "runs.db")) >= 2)
+    attnres("kill", "1", check=True)
+
+
 def test_restart_sets_a_killed_runs_checkpoints_aside_and_starts_it_over(workdir):
     # The run is too long to finish, so the kill always finds it going however fast the machine.
     attnres("launch", "standard", "--seeds", "2", *issue_run(int(LONG)), *BYTES, "--set", "checkpoint_every=2",

@@ -17,7 +17,7 @@ from helpers import FAST, LONG, attnres, runs, train_steps, wait_for
 from sqlalchemy.exc import OperationalError
 
 from attnres.runs.backends.local import process_alive
-from attnres.tracking import spool, states, store, writer
+from attnres.tracking import spool, spool_file, states, store
 from attnres.tracking.db import get_engine
 from attnres.tracking.records import RunRecord
 from attnres.tracking.writer import MetricWriter
@@ -27,7 +27,7 @@ from attnres.variants.registry import resolve_run
 @pytest.fixture
 def engine(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNRES_LOGS", str(tmp_path / "logs"))
-    monkeypatch.setattr(writer, "SPOOL_CHECK_S", 0.0)  # every write looks (the trainer's writer: once a second)
+    monkeypatch.setattr(spool_file, "CHECK_S", 0.0)  # every write looks (the trainer's writer: once a second)
     return get_engine(str(tmp_path / "runs.db"))
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import tiktoken
 
-from attnres import paths
+from attnres import outputs, paths
 from attnres.data import corpus
 from attnres.data.tokenizer import EOT, TOKENIZERS, check_tokenizer, encode_bytes, get_encoding, led_by
 from attnres.errors import AttnresError
@@ -99,7 +99,8 @@ def source_for(name: str, data_files: list[str] | None = None, config: str = cor
 
 def _check_target(out: Path) -> None:
     if out.exists() and not out.is_dir():
-        raise AttnresError(f"--out '{out}' is a file: a dataset is a folder (give a new or empty folder)")
+        raise AttnresError(f"--out '{out}' is {outputs.special(out) or 'a file'}: a dataset is a folder (give a new "
+                           "or empty folder)")
 
 
 @dataclass

@@ -112,8 +112,10 @@ def launch(store: RunStore, req: LaunchRequest, cells: Sequence[PlannedRun], *, 
     (the CLI's progress bars).
     """
     batches = [(req, cells), *more]
-    for name, vocab in {(c.cfg.data, c.cfg.model.vocab_size) for _, cs in batches for c in cs if not c.skip}:
-        check_data(name, vocab)
+    ranks = backends.get(req.backend).ranks(req.placement)  # (every batch runs with the first request's placement)
+    for name, vocab, seq_len, batch in {(c.cfg.data, c.cfg.model.vocab_size, c.cfg.model.seq_len,
+                                         c.cfg.train.batch_size) for _, cs in batches for c in cs if not c.skip}:
+        check_data(name, vocab, seq_len, batch, ranks)
     planned = [c for _, cs in batches for c in cs if not c.skip]
     stage = stage or Stage()
     ids = [run_id for r, cs in batches for run_id in enqueue(store, cs, r, stage)]
@@ -148,7 +150,8 @@ def reopen(store: RunStore, run_ids: Sequence[int], restart: bool = False) -> li
     refusal changes nothing. With ``restart`` a run starts over from step 0: its checkpoints are
     moved aside (``checkpoints/run-ID.restart-K``, kept). Values its last attempt recorded past the
     step it continues from are dropped now, so that `attnres status` never shows one attempt's step
-    beside another's losses.
+    beside another's losses; a run without a checkpoint keeps them until its new attempt trains (its trainer
+    drops them then), so that a resume that never starts training loses nothing.
     """
     runs = [store.run(rid) for rid in run_ids]
     for r in runs:
@@ -160,6 +163,8 @@ def reopen(store: RunStore, run_ids: Sequence[int], restart: bool = False) -> li
         check_revision(RunConfig.from_dict(config), r.id)
         if backends.backend_of(r) not in backends.REGISTRY:
             raise AttnresError(f"run {r.id} ran on backend '{r.backend}', which this installation does not have")
+        if not restart:
+            _readable_checkpoint(r)
     for r in runs:  # every spool first: a refusal then leaves no run reopened with nothing to start it
         try:
             store.recover_now(r)
@@ -182,15 +187,31 @@ def reopen(store: RunStore, run_ids: Sequence[int], restart: bool = False) -> li
         if restart or (hole is not None and at is not None and at >= hole):  # retrain from before the first hole
             _set_aside(folder)
             at = None
-        store.drop_metrics_after(r.id, -1 if at is None else at)
-        store.update_run(r.id, step=at or 0, **({"started_at": None} if at is None else {}))
+        if at is not None or restart or hole is not None:  # (no checkpoint: its trainer drops them once it trains)
+            store.drop_metrics_after(r.id, -1 if at is None else at)
+            store.update_run(r.id, step=at or 0, **({"started_at": None} if at is None else {}))
         lines.append(f"run {r.id} ({r.variant}, seed {r.seed}): "
                      + ("starting over from step 0 (--restart; its checkpoints are set aside, kept)" if restart
                         else f"retraining the steps it lacks from step {hole}: no checkpoint before them, starting "
                              "over from step 0 (its checkpoints are set aside, kept)" if hole is not None and at is None
                         else f"from step {at} of {r.total_steps} (its last checkpoint)" if at is not None
-                        else "no checkpoint: starting over from step 0"))
+                        else "no checkpoint: starting over from step 0 (what it recorded stays until the new "
+                             "attempt trains)"))
     return lines
+
+
+def _readable_checkpoint(r: RunRecord) -> None:
+    """Refuse to resume a run whose checkpoints are all unreadable (cut, overwritten, foreign), before anything
+    changes: resuming it would drop its recorded rows to start from step 0, and a trainer then fails on the same
+    files. Starting over is the user's choice, made with ``--restart`` (which keeps the damaged files aside)."""
+    from attnres.training import checkpoint  # (torch: only a resume needs it)
+
+    folder = paths.checkpoints_dir(r.id)
+    if checkpoint.exists(folder) and checkpoint.step_of(folder) is None:
+        names = ", ".join(n for n in checkpoint.NAMES if (folder / n).exists())
+        raise AttnresError(f"run {r.id}'s checkpoints in {folder} ({names}) are all unreadable, so there is no model "
+                           f"to continue from; the run is left as it was. `attnres resume --restart {r.id}` starts it "
+                           "over from step 0 (the damaged files are set aside, kept)")
 
 
 def _first_hole(store: RunStore, r: RunRecord) -> int | None:
@@ -245,11 +266,26 @@ def reconcile(store: RunStore) -> list[int]:
     return backends.reconcile(store)
 
 
+def _found_spools(store: RunStore) -> list[Path]:
+    """The logs folder's spools (``*.spool.jsonl``), each identified as one: a file there that is not (a link to
+    another file, something put there by hand) is left untouched, with one line."""
+    found = []
+    for path in paths.spools():
+        try:
+            found.append(store.spool_file(path))
+        except AttnresError as exc:
+            say(f"attnres: skipped {str(exc).split(': nothing was changed')[0]}", err=True)
+    return found
+
+
 def sync(store: RunStore, files: Sequence[Path] | None = None) -> list[tuple[Path, dict[str, int]]]:
-    """Ingest spools (default: every non-empty one under the logs folder) into the database."""
+    """Ingest spools (default: every non-empty one under the logs folder) into the database. Named files are each
+    identified as a run's spool first: one that is not refuses the whole call before anything is touched."""
+    files = [store.spool_file(f) for f in files or []] or _found_spools(store)
     done = []
-    for path in files or paths.spools():
+    for path in files:
         with store.recover(path) as recovered:  # not while a queue, monitor or relaunch records it
             done.append((path, recovered.counts))
     store.recheck(states.MONITOR)  # an incomplete run whose rows the spools held is finished
+    backends.reconcile(store)  # a run whose process is gone without an end it could record (a full disk) ends
     return done

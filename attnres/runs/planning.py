@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from attnres import paths
-from attnres.config import EXPERIMENT_NAME, RunConfig
+from attnres.config import EXPERIMENT_NAME, SEED_RULE, RunConfig, is_seed
 from attnres.data.prepare import BUILTIN, ensure_builtin, read_manifest
 from attnres.errors import AttnresError
 from attnres.runs import DEFAULT_BACKEND, backends, grid
@@ -35,19 +35,14 @@ from attnres.variants.registry import canonical, resolve_run
 if TYPE_CHECKING:
     from attnres.tracking.run_store import RunStore
 
-# A seed every part of a run takes: torch.manual_seed and numpy's generators (the loader's) take 0 to 2**32 - 1,
-# the runs table's seed column (INTEGER: 32-bit signed in PostgreSQL) 2**31 - 1 at most.
-SEED_MAX = 2**31 - 1
-
 
 def check_seeds(seeds: list[int], name: str = "seed") -> list[int]:
-    """``seeds`` if each is a whole number from 0 to :data:`SEED_MAX`, else one line naming the first that is
-    not (``name``: how the message calls it, e.g. ``--seeds``): a negative seed would fail inside the trainer
-    (numpy refuses it), a huge one when the run is recorded, after other runs of the grid were."""
+    """``seeds`` if each is a seed by :data:`attnres.config.SEED_RULE` (0 to 2**31 - 1), else one line naming
+    the first that is not (``name``: how the message calls it, e.g. ``--seeds``): a negative seed would fail inside
+    the trainer (numpy refuses it), a huge one when the run is recorded, after other runs of the grid were."""
     for seed in seeds:
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
-            raise AttnresError(f"bad {name} '{seed}': a seed is a whole number from 0 to {SEED_MAX}, "
-                               "e.g. --seeds 42 1337")
+        if not is_seed(seed):
+            raise AttnresError(f"bad {name} '{seed}': {SEED_RULE}, e.g. --seeds 42 1337")
     return list(seeds)
 
 
@@ -255,14 +250,53 @@ def _given(overrides: list[str]) -> dict[str, str]:
     return items
 
 
-def check_data(name: str, vocab_size: int | None = None) -> None:
+def check_data(name: str, vocab_size: int | None = None, seq_len: int | None = None, batch: int | None = None,
+               ranks: int = 1) -> None:
     """Make sure a run's dataset exists before anything starts (the built-in ones are made on demand),
-    and that the model's vocabulary holds every token id of it."""
+    that the model's vocabulary holds every token id of it, that each split (train, eval) holds at least
+    one window of ``seq_len + 1`` tokens, as the trainer reads them (:class:`attnres.data.loader.TokenShards`: a
+    window lies within one shard), and that the train split fills one global batch (``batch`` sequences a rank,
+    on each of ``ranks``: :class:`attnres.data.loader.TrainLoader`). Read from the manifest's shard sizes: nothing
+    is tokenized again."""
     path = ensure_builtin(name) if name in BUILTIN else paths.dataset(name)
     manifest = read_manifest(path)
     if vocab_size is not None and manifest["vocab_size"] > vocab_size:
         raise AttnresError(f"data '{name}' has {manifest['vocab_size']} token ids but the model's vocab_size is "
                            f"{vocab_size}: --set vocab_size={manifest['vocab_size']} or more")
+    if seq_len is None:
+        return
+    # each split's shards, in tokens (TokenShards: a shard of T tokens holds (T - 1) // seq_len windows)
+    sizes = {split: [int(s["tokens"]) if "tokens" in s else (path / s["file"]).stat().st_size // 2
+                     for s in info["shards"]] for split, info in manifest["splits"].items()}
+    longest = {split: max(tokens, default=0) for split, tokens in sizes.items()}
+    split = min(longest, key=longest.__getitem__)
+    if longest[split] - 1 < seq_len:
+        most = f": --set seq_len={longest[split] - 1} at most" if longest[split] > 1 else ""
+        raise AttnresError(f"seq_len {seq_len} is longer than data '{name}' allows: a window is seq_len + 1 = "
+                           f"{seq_len + 1:,} tokens of one shard, and the longest shard of its {split} split holds "
+                           f"{longest[split]:,}{most}")
+    if batch is None:
+        return
+    windows = sum((t - 1) // seq_len for t in sizes["train"] if t > 0)
+    if windows < batch * ranks:
+        on = f" on each of {ranks} ranks" if ranks > 1 else ""
+        raise AttnresError(f"data '{name}' is too short for one batch: its train split holds {windows:,} windows of "
+                           f"seq_len + 1 = {seq_len + 1:,} tokens, and a step takes batch_size {batch}{on}: a smaller "
+                           "--set seq_len or batch_size, or more data")
+
+
+def check_request_data(req: LaunchRequest) -> None:
+    """:func:`check_data` for every dataset, vocabulary and window length a request's runs would train with: called
+    before anything is recorded (and by a dry run), so a run that could not start is refused in one line, not
+    recorded as failed."""
+    needs = set()
+    for v in req.variants:
+        for cell in req.cells():
+            cfg = resolve_run(v, req.preset, req.seeds[0], cell, req.data, req.experiment)
+            needs.add((cfg.data, cfg.model.vocab_size, cfg.model.seq_len, cfg.train.batch_size))
+    ranks = backends.get(req.backend).ranks(req.placement)
+    for name, vocab, seq_len, batch in sorted(needs):
+        check_data(name, vocab, seq_len, batch, ranks)
 
 
 #: config entries a command gives by its own flags (or that name the run), not by --set

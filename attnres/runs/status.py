@@ -4,6 +4,7 @@ and what ``attnres logs`` says of a run whose log is not there."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -23,13 +24,16 @@ def _fmt(x: float | None, spec: str) -> str:
 
 
 RECENT = 20  # runs `attnres status` lists beside the active ones, unless --all
+GONE_MARK = " — process gone, end not recorded"  # beside a running run's state: see unrecorded()
 KEYS = ["train_loss", "eval_loss", "tokens_per_s", "peak_memory_bytes"]
 
 
 def status_rows(store: RunStore, experiment: str | None = None, preset: str | None = None,
-                recent: int | None = RECENT) -> tuple[list[dict[str, object]], int]:
+                recent: int | None = RECENT, gone: Mapping[int, str] | None = None,
+                ) -> tuple[list[dict[str, object]], int]:
     """One row per run with its progress and latest metrics: every active run and the ``recent`` newest
-    (None: every run) of one experiment or preset, or all; and how many runs match in all.
+    (None: every run) of one experiment or preset, or all; and how many runs match in all. A run recorded
+    running whose process is gone (``gone``, from :func:`unrecorded`) says so beside its state.
 
     Plain rows and primary-key lookups (no ORM, no pandas, no torch): the command answers at once
     however many runs and metric rows the database holds. It only reads: :func:`reconcile` first brings the
@@ -49,7 +53,8 @@ def status_rows(store: RunStore, experiment: str | None = None, preset: str | No
             "variant": str(r["variant"]) + (" (old revision)" if old_revision else ""),
             **({"settings": cell or "—"} if any(cells) else {}),
             "status": str(r["status"]) + (f" @{int(r['stop_step'])}" if r["stop_step"] is not None else "")
-            + silent(r["status"], r["heartbeat_at"]),
+            + silent(r["status"], r["heartbeat_at"])
+            + (GONE_MARK if r["status"] == states.RUNNING and int(r["id"]) in (gone or {}) else ""),
             "seed": r["seed"], "step": f"{r['step']}/{r['total_steps']}",
             "train loss": _fmt(m.get("train_loss"), ".3f"), "eval loss": _fmt(m.get("eval_loss"), ".3f"),
             "tok/s": _fmt(m.get("tokens_per_s"), ",.0f"),
@@ -80,20 +85,52 @@ def silent(status: object, heartbeat_at: object, now: datetime | None = None) ->
 
 
 def reconcile(store: RunStore, experiment: str | None = None, preset: str | None = None,
-              recent: int | None = RECENT) -> None:
+              recent: int | None = RECENT) -> list[str]:
     """What ``attnres status`` does before it reads, in one visible call: runs whose process or job is gone
     without an end are marked failed (their spools read first), and the finished runs it will show are
     checked whole (``incomplete``, with the missing ranges named, when the database lacks logged steps).
 
-    The backends (and the ORM they write through) are imported only when some run is active: a
-    finished grid's status needs neither.
+    A database that refuses the writes (read-only or immutable, a full disk, locked) leaves the runs as recorded,
+    and status still shows them: returns the first line of each refused write (:func:`unrecorded` and
+    :func:`gone_notes` then say which runs' ends are missing). The backends (and the ORM they write through)
+    are imported only when some run is active: a finished grid's status needs neither.
     """
-    if store.any_active():
-        from attnres.runs import backends
+    from attnres.tracking.run_store import DatabaseError
 
-        backends.reconcile(store)
-    runs, _ = store.status_runs(experiment, preset, recent)
-    store.check_complete(runs, states.MONITOR)
+    errors: list[str] = []
+    try:
+        if store.any_active():
+            from attnres.runs import backends
+
+            backends.reconcile(store, errors)
+        runs, _ = store.status_runs(experiment, preset, recent)
+        store.check_complete(runs, states.MONITOR)
+    except (DatabaseError, OSError) as exc:
+        errors.append((str(getattr(exc, "orig", None) or exc).splitlines() or [type(exc).__name__])[0])
+    return errors
+
+
+def unrecorded(store: RunStore) -> dict[int, str]:
+    """The runs recorded running whose process or job is gone now, with why: their end is not in the database
+    yet (it refused the write, or another process is at the run). Only looks (a process check, one squeue)."""
+    if not store.any_active():
+        return {}
+    from attnres.runs import backends
+
+    return backends.gone(store)
+
+
+def gone_notes(rows: list[dict[str, object]], gone: Mapping[int, str], errors: list[str]) -> list[str]:
+    """What status says under its table of the shown runs whose end is not recorded (``gone``), and of a
+    database that refused a write (``errors``, from :func:`reconcile`)."""
+    shown = [int(r["run"]) for r in rows if int(r["run"]) in gone and str(r["status"]).split()[0] == states.RUNNING]
+    refused = f" (a write was refused: {errors[0]})" if errors else ""
+    notes = [f"run {rid} is recorded running, but {gone[rid] or 'its process is gone'}; the database does not say so"
+             f" yet{refused}: the next `attnres status` that can write it records the run's end" for rid in shown]
+    if errors and not shown:
+        notes.append(f"a write was refused ({errors[0]}): the runs are shown as recorded; the next "
+                     "`attnres status` that can write it brings them up to date")
+    return notes
 
 
 def _cell(run: pd.Series, now: datetime) -> str:

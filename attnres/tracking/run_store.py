@@ -181,6 +181,14 @@ class RunStore:
 
         return lifecycle.recover_now(self._engine, _spool(run), **options)
 
+    @staticmethod
+    def spool_file(path: Path) -> Path:
+        """``path`` if it is a run's spool (a link: the spool it names); else AttnresError, one line, and nothing
+        touched: what :meth:`recover` may be given by a user (:func:`attnres.tracking.spool.identify`)."""
+        from attnres.tracking import spool
+
+        return spool.identify(path)
+
     @contextmanager
     def hold(self, run: RunRecord) -> Iterator[None]:
         """Hold a run's spool lock without reading it: no resume reopens the run, no monitor judges it, meanwhile."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -102,6 +103,87 @@ def rejects_of(spool: Path) -> Path:
     return Path(spool).with_name(Path(spool).name + ".rejects")
 
 
+SUFFIX = ".spool.jsonl"  # how a spool's name ends (:func:`attnres.paths.spool_of`)
+_HEADS = (b'{"r": ', b'{"run": ')  # how every line a writer writes begins
+LOOK_LINES, LOOK_BYTES = 8, 1 << 20  # what :func:`identify` reads of a file: its first lines, within its first MiB
+_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a device",
+          stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket"}
+
+
+def identify(path: Path) -> Path:
+    """``path`` if it is a run's spool (a link: the spool it points to, whose lock the other processes take); else
+    AttnresError, one line. Reads at most its first MiB; creates, changes and truncates nothing.
+
+    ``attnres sync FILE`` empties each spool it has written into the database, so a file that is not one (a
+    text file, the password file, a directory, a FIFO, a device) must be refused before anything is touched. A
+    spool is a regular file whose first lines (up to :data:`LOOK_LINES`) hold a spool record and nothing foreign:
+    each is a record, a line cut short by a crash or a full disk (the start of a line of ours), bytes that are
+    not text (garbled, or the zeros a power cut leaves) or blank; the first may also be any text that is not
+    JSON (the end of a record whose start was lost, garbled). An empty file is a spool by its name alone
+    (``*.spool.jsonl``: an ingested spool is kept empty), as is one whose only lines are cut lines of ours. The
+    file is opened only once it is known to be regular (opening a FIFO waits for a writer; opening a device may
+    act), and without waiting.
+    """
+    path = Path(path)
+    shown = f"{path} (a link to {os.path.realpath(path)})" if path.is_symlink() else str(path)
+    refused = f"nothing was changed (`attnres sync` reads spool files, logs/run-N{SUFFIX})"
+    try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise AttnresError(f"{shown} is {_KINDS.get(stat.S_IFMT(mode), 'not a regular file')}, "
+                               f"not a run's spool: {refused}")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # (replaced since the look)
+                raise AttnresError(f"{shown} is not a regular file, not a run's spool: {refused}")
+            head = b""
+            while len(head) < LOOK_BYTES and (got := os.read(fd, LOOK_BYTES - len(head))):
+                head += got
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise AttnresError(f"cannot read {shown} ({exc.strerror or exc}): {refused}") from None
+    ours_by_name = path.resolve().name.endswith(SUFFIX)
+    if not head:
+        if ours_by_name:
+            return path.resolve() if path.is_symlink() else path
+        raise AttnresError(f"{shown} is empty and not named like a spool (*{SUFFIX}): not a run's spool: {refused}")
+    lines = head.split(b"\n")
+    if lines[-1] == b"" or len(head) == LOOK_BYTES:  # (a line the MiB cut is not looked at)
+        lines.pop()
+    kinds = [_line_kind(raw, first=i == 0) for i, raw in enumerate(lines[:LOOK_LINES])]
+    if "foreign" in kinds:
+        raise AttnresError(f"{shown} is not a run's spool: its line {kinds.index('foreign') + 1} is not a spool "
+                           f"record: {refused}")
+    if "record" not in kinds and not ("cut" in kinds and ours_by_name):
+        which = (f"its first {len(kinds)} lines" if len(lines) > len(kinds) else f"its {len(kinds)} line(s)") if kinds \
+            else "its first MiB (no whole line)"
+        raise AttnresError(f"{shown} is not a run's spool: no spool record in {which}: {refused}")
+    return path.resolve() if path.is_symlink() else path
+
+
+def _line_kind(raw: bytes, first: bool) -> str:
+    """What one line of a file is, to :func:`identify`: record, cut (of ours), noise (blank, garbled) or foreign."""
+    line = raw.lstrip(b"\0")  # (a power cut may leave zeros where a line was to be)
+    if not line.strip():
+        return "noise"
+    try:
+        obj = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError:
+        return "noise"  # not text: garbled
+    except (ValueError, RecursionError):  # text, not JSON: a line of ours cut short at either end, or foreign
+        if any(line.startswith(head) or head.startswith(line) for head in _HEADS):
+            return "cut"
+        if first:  # (the end of a line whose start was lost, or garbled: what follows decides)
+            return "noise"
+        return "noise" if any(c < 0x20 and c not in b"\t\r" for c in line) else "foreign"
+    try:
+        _take({}, obj)
+        return "record"
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
+        return "cut" if isinstance(obj, dict) and ("r" in obj or "run" in obj) else "foreign"
+
+
 @contextmanager
 def held(spool: Path, wait: bool = True) -> Iterator[bool]:
     """Hold a run's spool against the other processes that read it back and then change the run.
@@ -139,9 +221,23 @@ def read(spool: Path) -> tuple[dict[int, _RunLog], list[bytes]]:
         for raw in fh:
             try:
                 _take(runs, json.loads(raw.decode("utf-8")))
-            except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError, OverflowError):
+            except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError, OverflowError,
+                    RecursionError):  # (RecursionError: a line of nested brackets)
                 bad.append(raw)  # cut short by a crash, or garbled: its value was never acknowledged
     return runs, bad
+
+
+def value_keys(text: str) -> set[tuple[int, str]]:
+    """The (step, key) of every metric value in spool lines ``text`` (unreadable lines are skipped)."""
+    runs: dict[int, _RunLog] = {}
+    for line in text.splitlines():
+        try:
+            obj = json.loads(line)
+            if "r" in obj:
+                _take(runs, obj)
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
+            continue
+    return {(step, key) for log in runs.values() for step, key, _ in log.metrics}
 
 
 def _take(runs: dict[int, _RunLog], obj: dict) -> None:

@@ -5,7 +5,7 @@ One row per metric point, long format:
 
     run      optional  label grouping rows into one run (default: "<variant>-s<seed>")
     variant  required  a variant name (or alias) of the registry
-    seed     required  integer
+    seed     required  a whole number from 0 to 2147483647 (launch's rule: attnres.config.SEED_RULE)
     step     required  integer
     key      required  metric name: eval_loss, train_loss, tokens_per_s, peak_memory_bytes, ...
     value    required  number
@@ -30,6 +30,9 @@ scope value takes its run's (same label, variant and seed) where its other rows 
 Experiment and preset are names, checked as ``attnres launch --experiment`` checks them; device and
 message are free text, stored as given and escaped where shown.
 
+A CSV export is safe to open in a spreadsheet, and a file is read whole or refused: see
+attnres.tracking.file_formats.
+
 Importing the same file twice records every point once: a point (run, key, step) already stored
 with the same value is counted, not written again; one stored with another value, or given two
 values in one file, refuses the file (one line naming the row), as does a column named twice. A
@@ -49,9 +52,9 @@ import pandas as pd
 from sqlalchemy import Engine
 
 from attnres import outputs
-from attnres.config import EXPERIMENT_NAME
+from attnres.config import EXPERIMENT_NAME, SEED_MAX, SEED_RULE
 from attnres.errors import AttnresError
-from attnres.tracking import depth_maps, imports, states, store
+from attnres.tracking import depth_maps, file_formats, imports, states, store
 from attnres.variants.registry import canonical
 
 REQUIRED = ["variant", "seed", "step", "key", "value"]
@@ -68,7 +71,7 @@ def export(engine: Engine, out: Path, fmt: str = "csv", experiment: str | None =
     ``out``; return their paths."""
     if fmt not in {"csv", "parquet"}:
         raise AttnresError(f"unknown export format '{fmt}'; choose csv or parquet")
-    outputs.check(out, folder=True)
+    outputs.check(out, folder=True, inside=(f"runs.{fmt}", f"metrics.{fmt}"))
     runs = store.runs_frame(engine, experiment=experiment, preset=preset)
     if runs.empty and (experiment or preset):
         raise AttnresError("no runs match " + " and ".join(f"--{k} {v}" for k, v in
@@ -84,99 +87,27 @@ def export(engine: Engine, out: Path, fmt: str = "csv", experiment: str | None =
     metrics = metrics[["run", "variant", "seed", "step", "key", "value", *cols[2:], "conditions"]]
     paths = [out / f"runs.{fmt}", out / f"metrics.{fmt}"]
     for frame, path in zip([runs, metrics], paths, strict=True):
-        with outputs.atomic(path) as tmp:  # whole or not at all: a reader polling the file never sees half of it
-            frame.to_csv(tmp, index=False) if fmt == "csv" else frame.to_parquet(tmp, index=False)
+        file_formats.write(frame, path, fmt)
     return paths
-
-
-def _read(path: Path) -> pd.DataFrame:
-    if not path.exists():
-        raise AttnresError(f"no such file: {path}")
-    try:
-        if path.suffix == ".csv":
-            df = pd.read_csv(path)
-            header = pd.read_csv(path, header=None, nrows=1, dtype=str).iloc[0].dropna().tolist()
-        elif path.suffix in {".jsonl", ".json"}:
-            df = pd.read_json(path, lines=True)
-            header = _json_keys(path)
-        elif path.suffix == ".parquet":
-            df = pd.read_parquet(path)
-            header = [str(c) for c in df.columns]
-        else:
-            raise AttnresError(f"unsupported file '{path}': expected .csv, .jsonl or .parquet")
-    except (ValueError, OSError) as exc:
-        raise AttnresError(f"cannot read {path}: {str(exc).splitlines()[0]}") from None
-    twice = sorted({c for c in header if header.count(c) > 1})
-    if twice:  # (pandas would keep both as `value` and `value.1`, and the first would be taken unsaid)
-        raise AttnresError(f"{path}: column {', '.join(map(repr, twice))} is named twice in the header: "
-                           "which one holds the data is not known")
-    return df
-
-
-def _json_keys(path: Path) -> list[str]:
-    """Every key of the file's objects, a key given twice in one object listed twice (JSON keeps the last)."""
-    keys: list[str] = []
-
-    def pairs(items: list[tuple[str, object]]) -> dict[str, object]:
-        names = [k for k, _ in items]
-        keys.extend(k for k in names if names.count(k) > 1)
-        return dict(items)
-
-    with path.open() as fh:
-        for line in fh:
-            if line.strip():
-                json.loads(line, object_pairs_hook=pairs)
-    return keys
 
 
 def read_import(path: Path) -> pd.DataFrame:
     """Read and check a metric file before anything is recorded (one clear line for what is wrong).
 
-    A text file whose last line is cut (an export killed midway, a file still being written) is refused: its
-    runs would otherwise be recorded as they say they ended, with only some of their rows.
+    A text file whose last line is cut is refused (:func:`attnres.tracking.file_formats.read`).
     """
-    if path.suffix in {".csv", ".jsonl", ".json"} and path.is_file() and path.stat().st_size:
-        import csv
-
-        with path.open("rb") as fh:
-            fh.seek(-1, 2)
-            why = None if fh.read(1) == b"\n" else "no newline at the end"
-        if why is None and path.suffix == ".csv":
-            header: list[str] = []
-            last: list[str] | None = None  # the last row with fields, none but the header's
-            with path.open(newline="", errors="replace") as fh:
-                rows = csv.reader(fh, strict=True)
-                try:
-                    header = next(rows, [])
-                    for row in rows:  # (a quoted field may hold newlines: a row is not a line)
-                        last = row or last  # (blank lines are skipped, as pandas does)
-                except csv.Error as exc:  # (other odd quoting is left to the reader below)
-                    why = "a quoted field not closed" if "unexpected end of data" in str(exc) else None
-                    last = None
-            if why is None and last is not None and len(last) < len(header):
-                why = f"{len(last)} of the header's {len(header)} fields"
-        elif why is None:
-            tail = b""
-            with path.open("rb") as fh:
-                for line in fh:
-                    tail = line if line.strip() else tail
-            try:
-                json.loads(tail or b"{}")
-            except ValueError:
-                why = "not a whole JSON object"
-        if why:
-            raise AttnresError(f"{path}: its last line is cut ({why}): a file still being written, or cut short; "
-                               "nothing imported")
-    df = _read(path)
+    df = file_formats.read(path)
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise AttnresError(f"{path} lacks column(s) {', '.join(missing)} (see `attnres import --help`)")
-    for col, low in (("seed", -INT_MAX - 1), ("step", 0)):  # integers the database's INTEGER column holds
+    # a seed by launch's rule (`--seeds`: attnres.config.SEED_RULE); a step any integer the INTEGER column holds
+    for col, high in (("seed", SEED_MAX), ("step", INT_MAX)):
         numbers = pd.to_numeric(df[col], errors="coerce")
-        bad = df.index[numbers.isna() | (numbers % 1 != 0) | (numbers < low) | (numbers > INT_MAX)]
+        bad = df.index[numbers.isna() | (numbers % 1 != 0) | (numbers < 0) | (numbers > high)]
         if len(bad):
-            raise AttnresError(f"{path}: row {bad[0] + 1}: {col} '{df[col].iloc[bad[0]]}' is not an integer "
-                               f"from {low} to {INT_MAX}")
+            given = df[col].iloc[bad[0]]
+            raise AttnresError(f"{path}: row {bad[0] + 1}: bad seed '{given}': {SEED_RULE}" if col == "seed" else
+                               f"{path}: row {bad[0] + 1}: {col} '{given}' is not an integer from 0 to {high}")
         df[col] = numbers.astype("int64")
     values = pd.to_numeric(df["value"], errors="coerce")
     bad = df.index[~np.isfinite(values.to_numpy(dtype=float, na_value=np.nan))]

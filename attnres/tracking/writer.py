@@ -10,8 +10,11 @@ The spool holds the whole run while it is active: if the database is deleted mid
 value is still on disk. It is emptied when the writer closes (the run has ended), and only once
 the database at the configured location is confirmed to hold it all. A spool deleted or replaced
 mid-run (its logs folder removed) is noticed within a second and made again, holding the run's row
-and everything the database has not confirmed yet; one that cannot be made again (a read-only or
-full disk) leaves the rows in memory, and training goes on.
+and everything the database has not confirmed yet. A spool that cannot be written (a full disk, a
+file-size limit, a read-only folder) keeps the lines it could not take in memory, in order, and they
+are written to it once it takes them again (tried every interval): training goes on. A writer that
+closes with lines in memory that neither the spool nor the database has taken waits for a full disk
+to have room (``$ATTNRES_DISK_WAIT_S``, default 600 s), and says plainly what it could not keep.
 
 The writer speaks for the trainer: its state changes go through :mod:`attnres.tracking.states`
 as the ``trainer`` actor, so a run killed or failed meanwhile keeps that end.
@@ -19,6 +22,7 @@ as the ``trainer`` actor, so a run killed or failed meanwhile keeps that end.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -32,12 +36,7 @@ from attnres.errors import AttnresError
 from attnres.logline import say
 from attnres.tracking import confirm, lifecycle, spool, states, store
 from attnres.tracking.db import check_location
-
-
-def _ends_with_newline(path: Path) -> bool:
-    with path.open("rb") as fh:
-        fh.seek(-1, os.SEEK_END)
-        return fh.read(1) == b"\n"
+from attnres.tracking.spool_file import SpoolFile
 
 
 def _transient(exc: Exception | None) -> bool:
@@ -46,7 +45,16 @@ def _transient(exc: Exception | None) -> bool:
 
 
 PROGRESS = frozenset({"step", "heartbeat_at"})  # bookkeeping a later line's flush may carry to the OS
-SPOOL_CHECK_S = 1.0  # how often a write looks whether its spool is still at its path (deleted, replaced)
+# errors a disk recovers from by itself (space freed, quota raised): a closing writer waits for them to pass
+PASSING = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def disk_wait_s() -> float:
+    """How long a closing writer waits for a full disk to take what is held in memory only."""
+    try:
+        return max(0.0, float(os.environ.get("ATTNRES_DISK_WAIT_S", "600")))
+    except ValueError:
+        return 600.0
 
 
 class Mirroring(Protocol):
@@ -73,7 +81,6 @@ class MetricWriter:
         self.last_row: tuple[str | None, int | None] = (None, None)  # (key, step) of the last value written
         self.snapshot: dict[str, object] = {}  # the whole run row, kept at the spool's head
         self.refused: list[tuple[str, str | None]] = []  # (asked, what the run was): an end decided elsewhere
-        self.spool_ok = True
         self.failures = 0
         self.last_error: Exception | None = None  # of the last failed write (a lock is worth another try)
         self.wake = threading.Event()
@@ -81,85 +88,30 @@ class MetricWriter:
         self.idle = threading.Event()
         self.spool.parent.mkdir(parents=True, exist_ok=True)
         self._metrics_line, self._step_line = spool.line_makers(run_id)
-        self._fd: int | None = None  # the spool, opened at the first line
-        self._held: list[str] = []  # lines not yet handed to the OS (progress marks), in order
-        self._next_check = 0.0  # (monotonic) when a write next looks whether the spool is still there
+        self.file = SpoolFile(self.spool, self._recreate, retry_s=interval)
         # what the background thread is writing to the database now: neither pending nor confirmed
         self._inflight: tuple[list, dict, list, list] | None = None
         self.thread = threading.Thread(target=self._loop, name="attnres-metric-writer", daemon=True)
         self.thread.start()
 
     # -- producer side (training thread) ----------------------------------------------------------
+    @property
+    def spool_ok(self) -> bool:
+        """Whether the spool took every line so far (False: some wait in memory for it)."""
+        return self.file.ok
+
     def _append(self, line: str, flush: bool = True) -> None:
-        """Append a line to the spool; ``flush`` hands it (and the lines held before it) to the OS now.
+        """Append a line to the spool; ``flush`` hands it (and the lines held before it) to the OS now."""
+        self.file.append(line, flush)
 
-        One ``os.write`` on an unbuffered descriptor: what reached the OS survives a SIGKILL of this
-        process, and there is no buffered layer to flush (half the cost of a logged step, measured).
-        """
-        if not self.spool_ok:
-            return
-        self._held.append(line)
-        if flush:
-            self._write_held()
-
-    def _write_held(self, check: bool = False) -> None:
-        data, self._held = "".join(self._held).encode(), []
-        self._write(data, check)
-
-    def _write(self, data: bytes, check: bool = False) -> None:
-        """Hand ``data`` to the spool (under ``self.lock``); a spool deleted or replaced is made again first.
-
-        Whether the file is still at its path is looked at once a second (``check`` forces it), not per line.
-        """
-        try:
-            if self._fd is not None and self._moved(check):
-                data = self._recreate() + data
-            if self._fd is None:
-                self.spool.parent.mkdir(parents=True, exist_ok=True)  # (a logs folder deleted before the first line)
-                fd = os.open(self.spool, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                try:
-                    if os.fstat(fd).st_size and not _ends_with_newline(self.spool):  # an earlier attempt was cut
-                        data = b"\n" + data
-                except OSError:
-                    os.close(fd)
-                    raise
-                self._fd = fd
-            while data:
-                data = data[os.write(self._fd, data):]
-        except OSError as exc:  # disk full, unwritable or read-only folder: keep rows in memory, keep training
-            self._spool_failed(exc)
-
-    def _moved(self, now: bool = False) -> bool:
-        """Whether the open spool is no longer the file at its path (deleted, its folder deleted, replaced).
-
-        Looked at once every ``SPOOL_CHECK_S`` (a ``stat`` and an ``fstat``), or ``now``.
-        """
-        clock = time.monotonic()
-        if not now and clock < self._next_check:
-            return False
-        self._next_check = clock + SPOOL_CHECK_S
-        try:
-            there = os.stat(self.spool)
-        except (FileNotFoundError, NotADirectoryError):
-            return True
-        except OSError:  # cannot tell (a folder unreadable for a moment): keep writing where we write
-            return False
-        mine = os.fstat(self._fd)
-        return (there.st_ino, there.st_dev) != (mine.st_ino, mine.st_dev)
-
-    def _recreate(self) -> bytes:
+    def _recreate(self) -> tuple[bytes, str]:
         """Leave a spool that is gone from its path; the lines that make the next one hold, alone, everything
         the database may lack: the run's row (snapshot), then what is being written to the database now and
-        what waits to be, in order (resume points, values, columns, state changes).
+        what waits to be, in order (resume points, values, columns, state changes); and what they hold, in words.
 
         Values the database already took are not written again, and neither are its confirmed resume points
         (replayed, they would drop this attempt's confirmed values past them).
         """
-        try:
-            os.close(self._fd)
-        except OSError:  # (a delayed write error of the lost file: what it held is rewritten below)
-            pass
-        self._fd = None
         lines = [spool.snapshot_line(self.run_id, self.snapshot)] if self.snapshot else []
         values = 0
         for entries, fields, moves, drops in (self._inflight or ([], {}, [], []),
@@ -170,13 +122,19 @@ class MetricWriter:
             if fields:
                 lines.append(spool.fields_line(self.run_id, fields))
             lines += [spool.fields_line(self.run_id, {"status": to, **extra}) for to, extra in moves]
-        say(f"attnres: spool {self.spool} was deleted or replaced; made it again with the {values} value(s) "
-            "the database has not confirmed yet", err=True)
-        return "".join(lines).encode()
+        return "".join(lines).encode(), f"the {values} value(s) the database has not confirmed yet"
 
-    def _spool_failed(self, exc: OSError) -> None:
-        self.spool_ok = False
-        say(f"attnres: cannot write spool {self.spool} ({exc.strerror}); metrics kept in memory", err=True)
+    def held_values(self) -> tuple[int, int | None, int | None]:
+        """Metric values in memory only, (count, first step, last step): lines the spool has not taken, of values
+        the database has not taken either."""
+        with self.lock:
+            if self.file.ok or not self.file.held:
+                return 0, None, None
+            unspooled = spool.value_keys("".join(self.file.held))
+            unwritten = {(step, key) for entries in (self.pending, (self._inflight or ([],))[0])
+                         for step, values in entries for key in values}
+        lost = sorted(unspooled & unwritten)
+        return len(lost), (lost[0][0] if lost else None), (lost[-1][0] if lost else None)
 
     def add(self, step: int, **values: float) -> None:
         """Record metric values of one step."""
@@ -239,11 +197,10 @@ class MetricWriter:
             self._append(spool.snapshot_line(self.run_id, self.snapshot))
 
     def _flush_spool(self, check: bool = False) -> None:
-        """Hand lines still in this process's buffer (progress marks) to the OS; make a lost spool again
-        (looked at once a second, or now with ``check``)."""
+        """Hand lines still in this process's buffer (progress marks, or lines a full disk did not take) to the
+        OS; make a lost spool again (looked at once a second, or now with ``check``)."""
         with self.lock:
-            if self.spool_ok and (self._held or self._fd is not None):
-                self._write_held(check)
+            self.file.flush(check)
 
     def flush(self, timeout: float = 60.0) -> bool:
         """Write everything now; True if the database holds it all.
@@ -274,18 +231,15 @@ class MetricWriter:
         True if it does; False leaves the spool for ``attnres sync``.
         """
         ok = self.flush(timeout)
+        if not ok:
+            ok = self._wait_for_disk(timeout)
         self.done.set()
         self.wake.set()
         self.thread.join(timeout)
-        if self._fd is not None:
-            try:
-                os.close(self._fd)
-            except OSError:  # a delayed write error (NFS): what it held is in memory and in the database
-                pass
-            self._fd = None
+        self.file.close()
         if ok and self.spool.exists():
             try:
-                if self.spool_ok:
+                if self.spool_ok and not self.file.pruned:
                     lifecycle.recover_now(self.engine, self.spool, lock=False)  # confirmed, then emptied
                 elif confirm.confirmed(self.engine, [(self.run_id, *self.last_row)]):
                     os.truncate(self.spool, 0)  # a spool the disk cut short: the database has all of it
@@ -300,6 +254,50 @@ class MetricWriter:
         if self.mirror is not None:
             self.mirror.close()  # (what a mirror did not take by then is left to `attnres sync --mirror`)
         return ok
+
+    def _wait_for_disk(self, timeout: float) -> bool:
+        """Closing with values that neither the database nor the spool has taken (the disk both are on is full):
+        try both again every interval until one takes them, for ``$ATTNRES_DISK_WAIT_S`` at most; what is then
+        still in memory is named as lost. True if the database took everything meanwhile.
+
+        A failure that does not pass by itself (a file-size limit, a read-only folder) is not waited for.
+        """
+        if not self.unkept():
+            return False
+        held, first, last = self.held_values()
+        error = self.file.error
+        wait = disk_wait_s() if error is not None and error.errno in PASSING else 0.0
+        if wait:
+            what = f"{held} value(s) of steps {first}-{last}" if held else "its newest changes"
+            say(f"attnres: run {self.run_id}: {what} are held in memory only: neither the database nor the spool "
+                f"can be written ({error.strerror}); trying both again every {self.interval:g} s for up to "
+                f"{wait:g} s ($ATTNRES_DISK_WAIT_S)", err=True)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            time.sleep(self.interval)
+            self._flush_spool(check=True)
+            if self.flush(timeout):
+                return True
+            if self.spool_ok:
+                return False  # the spool has everything now: `attnres sync` writes it
+        held, first, last = self.held_values()
+        if self.unkept():
+            what = f"{held} value(s) of steps {first}-{last}" + (" and its end" if self.moves else "") if held else (
+                "its end" if self.moves else "its newest bookkeeping (step, heartbeat)")
+            say(f"attnres: run {self.run_id}: {what} could not be written anywhere "
+                f"({(error.strerror if error is not None else None) or error}) and are lost; the database and "
+                f"{self.spool} hold what came before them", err=True)
+        return False
+
+    def unkept(self) -> bool:
+        """Whether something the database lacks is held in memory only (its spool could not take it either)."""
+        with self.lock:
+            return (not self.file.ok and bool(self.file.held)
+                    and bool(self.pending or self.fields or self.moves or self.drops or self._inflight))
+
+    def lost_values(self) -> int:
+        """Values this writer held in memory only when it closed: never written, gone with the process."""
+        return self.held_values()[0]
 
     # -- consumer side (background thread) --------------------------------------------------------
     def _loop(self) -> None:
@@ -322,7 +320,7 @@ class MetricWriter:
             self._inflight = (entries, fields, moves, drops)  # a spool made again meanwhile writes these too
         try:
             check_location(self.engine)  # never into a deleted database file that a pooled connection holds
-            if self.failures and self.spool.exists():
+            if self.failures and self.spool.exists() and not self.file.pruned:
                 lifecycle.recover_now(self.engine, self.spool, lock=False, truncate=False)  # earlier failures' rows
                 if self.mirror is not None:
                     self.mirror.catch_up()
@@ -349,11 +347,14 @@ class MetricWriter:
                 self.drops = drops + self.drops
                 self._inflight = None
             if self.failures == 0:
-                say(f"attnres: database write failed ({str(exc).splitlines()[0][:200]}); spooling to {self.spool}",
-                    err=True)
+                kept = (f"spooling to {self.spool}" if self.spool_ok
+                        else f"held in memory, as {self.spool} cannot be written either")
+                say(f"attnres: database write failed ({str(exc).splitlines()[0][:200]}); {kept}", err=True)
             self.failures += 1
             self.last_error = exc
             return
         with self.lock:
             self.failures = 0
             self._inflight = None
+            if not (self.pending or self.fields or self.moves or self.drops):
+                self.file.prune()  # the database has all a failing spool holds

@@ -11,6 +11,7 @@ only tensors and plain containers, never arbitrary pickled objects.
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 from pathlib import Path
@@ -21,7 +22,11 @@ import torch
 from attnres.errors import AttnresError
 from attnres.logline import say
 
+# a save the disk refused for want of room (full, over quota, past the process's file-size limit)
+NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
 LAST, PREVIOUS = "last.pt", "prev.pt"
+NAMES = (LAST, f"{PREVIOUS}.tmp", PREVIOUS)  # newest first: where a resume looks for a model to continue from
 
 
 def _rng_state() -> dict:
@@ -44,8 +49,15 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+class NotSaved(AttnresError):
+    """The disk had no room for a checkpoint: the one saved before is still whole, and training can go on."""
+
+
 def save(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> Path:
     """Write ``folder/last.pt`` atomically; the one it replaces is kept as ``prev.pt``.
+
+    A disk with no room (full, a quota, a file-size limit) is :class:`NotSaved`, its partial file removed: the
+    checkpoints already there are untouched, so the caller may go on training and save again later.
 
     A folder deleted before the save (a clean-up, a user's ``rm -rf checkpoints``) is made again; one deleted
     while the save writes into it (its files and renames then fail: FileNotFoundError) is made again and the
@@ -53,11 +65,31 @@ def save(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     """
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "rng": _rng_state()}
     try:
-        return _write(folder, state)
-    except FileNotFoundError:
-        say(f"attnres: checkpoint folder {folder} was deleted during the save at step {step}; writing it again",
-            err=True)
-        return _write(folder, state)
+        try:
+            return _write(folder, state)
+        except FileNotFoundError:
+            say(f"attnres: checkpoint folder {folder} was deleted during the save at step {step}; writing it again",
+                err=True)
+            return _write(folder, state)
+    except (OSError, RuntimeError) as exc:  # (torch.save reports a failed write as a RuntimeError)
+        code = _errno_of(exc)
+        if code not in NO_ROOM:
+            raise
+        try:
+            (folder / f"{LAST}.tmp").unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise NotSaved(f"checkpoint of step {step} not saved ({os.strerror(code)})") from None
+
+
+def _errno_of(exc: BaseException | None) -> int | None:
+    """The errno of the OSError behind ``exc``: torch.save raises a RuntimeError whose context is the file's error."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno is not None:
+            return exc.errno
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 def _write(folder: Path, state: dict) -> Path:
@@ -89,20 +121,21 @@ def _write(folder: Path, state: dict) -> Path:
 
 
 def exists(folder: Path) -> bool:
-    return any((folder / name).exists() for name in (LAST, f"{PREVIOUS}.tmp", PREVIOUS))
+    return any((folder / name).exists() for name in NAMES)
 
 
 def step_of(folder: Path) -> int | None:
     """The step the newest readable checkpoint in ``folder`` continues from (None: none there), read without
     restoring it (memory-mapped), so that `attnres resume` can say where each run continues."""
-    for name in (LAST, f"{PREVIOUS}.tmp", PREVIOUS):
+    for name in NAMES:
         path = folder / name
         if not path.exists():
             continue
-        try:
-            return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["step"])
-        except Exception:  # noqa: BLE001, S112 - unreadable: the trainer falls back to the previous one too
-            continue
+        for mmap in (True, False):  # (a file system without mmap: read as the trainer reads it)
+            try:
+                return int(torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)["step"])
+            except Exception:  # noqa: BLE001, S112 - unreadable: the trainer falls back to the previous one too
+                continue
     return None
 
 
@@ -113,7 +146,7 @@ def load(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer)
     neither can be read it is one clear error (``attnres resume --restart`` starts the run over).
     """
     errors = []
-    for name in (LAST, f"{PREVIOUS}.tmp", PREVIOUS):  # (the .tmp: the one before last.pt, if a save was cut short)
+    for name in NAMES:  # (the .tmp: the one before last.pt, if a save was cut short)
         path = folder / name
         if not path.exists():
             continue

@@ -212,10 +212,10 @@ def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool =
         return torch.autocast(d.device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
 
     start = checkpoint.load(ckpt, raw_model, optimizer) if checkpoint.exists(ckpt) and not fresh else 0
+    saved = start  # the step of the newest checkpoint on disk (0: none of this run to continue from)
     if d.is_rank0:
         say(header(cfg, d, start, started, run_id, attempt))
-    if start:
-        recorder.resumed(start)  # the resumed run rewrites what follows its checkpoint
+    recorder.resumed(start)  # the resumed run rewrites what follows its checkpoint (a restart: all it recorded)
     preemption = preemption or Preemption()
     tokens_per_step = flops.tokens_per_step(cfg, d.world)
     # training compute so far, what a scaling law is fitted against (attnres.model.flops)
@@ -281,13 +281,21 @@ def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool =
         if (done % every == 0 if every else evaluated) or last or preempted:
             if d.is_rank0:
                 t_save = time.perf_counter()
-                checkpoint.save(ckpt, raw_model, optimizer, done)
+                try:
+                    checkpoint.save(ckpt, raw_model, optimizer, done)
+                    saved = done
+                except checkpoint.NotSaved as exc:  # no room: the last saved one stands; a later save tries again
+                    say(f"attnres: {exc}; training goes on, and a resume would continue from "
+                        + (f"step {saved}, the last checkpoint saved" if saved else "step 0 (none saved yet)"),
+                        err=True)
                 saving = time.perf_counter() - t_save  # kept out of tokens/s, as eval time is
                 t_last, t_said = t_last + saving, t_said + saving
         if logged or evaluated or preempted or stop:
             recorder.progress(done)
         if preempted:
-            return Ending(states.PREEMPTED, done, "SIGTERM: checkpoint saved; resumable (`attnres resume RUN`, "
+            kept = "checkpoint saved" if saved == done else (f"no room for a checkpoint, the last is of step {saved}"
+                                                           if saved else "no room for a checkpoint, none saved")
+            return Ending(states.PREEMPTED, done, f"SIGTERM: {kept}; resumable (`attnres resume RUN`, "
                                                   "or launch the grid again)")
         if stop:
             return Ending(states.STOPPED, done, verdict)

@@ -64,6 +64,8 @@ class RunRecorder:
 
             sender = Sender(store, run_id, specs)
         self.writer = store.writer(run, mirror=sender)
+        # values an earlier attempt recorded: a restart from step 0 (no checkpoint) replaces them once it trains
+        self.stale = bool(store.latest_values([run_id], ["train_loss", "eval_loss"]).get(run_id))
         # what an earlier attempt could not write, under the spool lock: no monitor judges the run before we start
         with store.recover(run):
             self.writer.keep_snapshot(store.run_fields(run_id))  # should the database be lost
@@ -81,7 +83,10 @@ class RunRecorder:
 
     # -- the loop's Recorder protocol -------------------------------------------------------------
     def resumed(self, step: int) -> None:
-        self.writer.drop_after(step)  # before the values this attempt writes again
+        if step or self.stale:  # before the values this attempt writes again
+            self.writer.drop_after(step if step else -1)
+            if not step:
+                self.writer.update_run(step=0)
 
     def record(self, step: int, **values: float) -> None:
         self.writer.add_values(step, values)  # (the dict this call's keywords made: one copy fewer a step)
@@ -128,8 +133,14 @@ class RunRecorder:
         for asked, was in self.writer.refused:
             say(f"attnres: run {self.run_id} was already {was}: its change to {asked} is not recorded")
         if not ok:
-            say(f"attnres: the database is unreachable; run {self.run_id}'s metrics and state are in "
-                f"{self.writer.spool}: `attnres sync` writes them once it is back")
+            if self.writer.unkept():  # (the writer named what and which steps) only what came before is kept
+                say(f"attnres: run {self.run_id}: the database cannot be written and {self.writer.lost_values()} "
+                    f"value(s) are lost; what came before them is in the database and {self.writer.spool} "
+                    "(`attnres sync` writes the spool's part once the database can be written); its end is not "
+                    "recorded")
+            else:
+                say(f"attnres: the database cannot be written; run {self.run_id}'s metrics and state are in "
+                    f"{self.writer.spool}: `attnres sync` writes them once it is back")
         return ok
 
 

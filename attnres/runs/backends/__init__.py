@@ -189,11 +189,12 @@ class Backend:
         """Stop the run's processes (or job) now. Its state was already set to killed."""
         raise NotImplementedError
 
-    def reconcile(self, store: RunStore, runs: Sequence[RunRecord]) -> list[int]:
+    def reconcile(self, store: RunStore, runs: Sequence[RunRecord], errors: list[str] | None = None) -> list[int]:
         """Mark this backend's active runs whose process or job is gone as failed (monitor).
 
         Its spool is read first: an end the trainer recorded there (the database was away) wins over
         this guess. A database locked by another writer is not waited for: the verdict comes next time.
+        A write the database refused (read-only, full, locked) is skipped, its first line added to ``errors``.
         """
         dead = []
         verdicts = self.poll(runs)  # one look at the processes (or one squeue) for all
@@ -212,9 +213,22 @@ class Backend:
                     if store.move(run.id, states.FAILED, states.MONITOR, where=seen, ended_at=states.now(),
                                   message=why):
                         dead.append(run.id)
-            except (DatabaseError, AttnresError, OSError):
+            except (DatabaseError, AttnresError, OSError) as exc:
+                if errors is not None:
+                    errors.append(first_line(exc))
                 continue
         return dead
+
+    @staticmethod
+    def tried(errors: list[str] | None, write: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``write(*args, **kwargs)``; None when the database refuses it (read-only, full, locked: judged again next
+        time), its first line added to ``errors``."""
+        try:
+            return write(*args, **kwargs)
+        except DatabaseError as exc:
+            if errors is not None:
+                errors.append(first_line(exc))
+            return None
 
 
 def get(name: str) -> Backend:
@@ -255,14 +269,35 @@ def backend_of(run: RunRecord) -> str:
     return run.backend or DEFAULT_BACKEND
 
 
-def reconcile(store: RunStore) -> list[int]:
-    """Every backend's check of the active runs it owns; returns the runs found dead."""
+def reconcile(store: RunStore, errors: list[str] | None = None) -> list[int]:
+    """Every backend's check of the active runs it owns; returns the runs found dead (``errors``: the first line of
+    each write the database refused, the run left as it was recorded)."""
     runs = store.active_runs()
     dead: list[int] = []
     for name in sorted({backend_of(r) for r in runs}):
         if name in REGISTRY:
-            dead += get(name).reconcile(store, [r for r in runs if backend_of(r) == name])
+            dead += get(name).reconcile(store, [r for r in runs if backend_of(r) == name], errors)
     return dead
+
+
+def gone(store: RunStore) -> dict[int, str]:
+    """The runs recorded running whose process or job each backend sees gone now, with why (first line): what a
+    read shows of ends not recorded yet (the database refused the write, or another process is at the run). Only
+    looks: writes nothing."""
+    runs = [r for r in store.active_runs() if r.status == states.RUNNING]
+    out: dict[int, str] = {}
+    for name in sorted({backend_of(r) for r in runs}):
+        if name in REGISTRY:
+            verdicts = get(name).poll([r for r in runs if backend_of(r) == name])
+            out |= {rid: why.splitlines()[0] if why else "" for rid, (verdict, why) in verdicts.items()
+                    if verdict == GONE}
+    return out
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first line (a database error's driver message, without SQLAlchemy's SQL and links)."""
+    lines = str(getattr(exc, "orig", None) or exc).splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def kill(store: RunStore, run_ids: Sequence[int]) -> list[int]:

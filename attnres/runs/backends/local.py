@@ -110,8 +110,10 @@ def settle(store: RunStore, run_id: int, returncode: int, log: Path, pid: int | 
 
     A run re-queued meanwhile (a relaunch or resume) belongs to its new process: left alone. A
     database that is gone or unusable is not written (the run's spool keeps its last word for
-    ``attnres sync``): the queue goes on.
+    ``attnres sync``): the queue goes on, and the state it returns says the end is not recorded.
     """
+    how = (f"killed by signal {-returncode} ({signal.Signals(-returncode).name})" if returncode < 0
+           and -returncode in signal.Signals._value2member_map_ else f"exited with code {returncode}")
     try:
         store.check_location()
         run = store.run(run_id)
@@ -126,8 +128,6 @@ def settle(store: RunStore, run_id: int, returncode: int, log: Path, pid: int | 
                 return store.run(run_id).status
             if recovered.error is not None:
                 say(f"attnres: run {run_id}: {recovered.error}", err=True)
-            how = (f"killed by signal {-returncode} ({signal.Signals(-returncode).name})" if returncode < 0
-                   and -returncode in signal.Signals._value2member_map_ else f"exited with code {returncode}")
             ours = {"agent_pid": pid} if pid is not None else None  # still this process's run (no relaunch since)
             if store.move(run_id, states.FAILED, states.SUPERVISOR, where=ours, ended_at=states.now(),
                           exit_code=returncode, message=f"process {how} without recording an end\n{log_tail(log)}"):
@@ -140,9 +140,10 @@ def settle(store: RunStore, run_id: int, returncode: int, log: Path, pid: int | 
                                        "config_json": run.config_json}], states.SUPERVISOR)
             return store.status_of(run_id)
     except (DatabaseError, OSError, AttnresError) as exc:
-        say(f"attnres: cannot record how run {run_id} ended ({str(exc).splitlines()[0][:200]}); its spool keeps "
-            "what it wrote: `attnres sync` records it", err=True)
-        return "unknown"
+        say(f"attnres: cannot record how run {run_id} ended ({str(exc).splitlines()[0][:200]}): the database may "
+            "still say it runs; its log says what its trainer kept and where, and `attnres sync` records the end "
+            "once the database can be written", err=True)
+        return f"process {how}; its end is not recorded (the database cannot be written)"
 
 
 def run_queue(store: RunStore, run_ids: Sequence[int], nproc: int = 1, gpus_per_run: int = 1,
@@ -337,18 +338,18 @@ class LocalBackend(Backend):
                 out[run.id] = (GONE, why) if why else (ALIVE, "")
         return out
 
-    def reconcile(self, store: RunStore, runs: Sequence[RunRecord]) -> list[int]:
+    def reconcile(self, store: RunStore, runs: Sequence[RunRecord], errors: list[str] | None = None) -> list[int]:
         """As every backend's (running runs whose process is gone fail), and: a queued run whose queue died on
         this host (a SIGKILL, a power cut) is set aside as preempted, which `attnres resume` and a relaunch
         continue, instead of waiting forever for a queue that will never start it."""
-        dead = super().reconcile(store, runs)
+        dead = super().reconcile(store, runs, errors)
         host = socket.gethostname()
         for run in runs:
             if (run.status != states.QUEUED or not run.queue_pid or run.queue_host != host
                     or process_alive(run.queue_pid, since=run.queue_since)):
                 continue
             seen = {"queue_pid": run.queue_pid, "status": states.QUEUED}
-            if store.move(run.id, states.PREEMPTED, states.MONITOR, where=seen,
+            if self.tried(errors, store.move, run.id, states.PREEMPTED, states.MONITOR, where=seen,
                           message=f"not started: its queue (pid {run.queue_pid}) is gone; `attnres resume "
                                   f"{run.id}` (or the same launch again) starts it"):
                 dead.append(run.id)

@@ -329,6 +329,14 @@ def _coerce(value: str, current: Any, key: str) -> Any:
     return value
 
 
+def residual_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """``overrides`` split in two, order kept: those of the model's shape and training, which a variant's shape
+    rule then applies to, and those of its residual (``block_size=4``, ...), which change the variant's wiring."""
+    names = {f.name for f in fields(ResidualSpec)}
+    wiring = [o for o in overrides if o.partition("=")[0] in names]
+    return [o for o in overrides if o not in wiring], wiring
+
+
 def apply_overrides(model: ModelConfig, train: TrainConfig, overrides: list[str]) -> tuple[ModelConfig, TrainConfig]:
     """Apply ``key=value`` overrides; a key names a field of ModelConfig, TrainConfig or ResidualSpec."""
     groups: dict[str, Any] = {"model": model, "train": train, "residual": model.residual}

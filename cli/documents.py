@@ -114,6 +114,8 @@ def compare(
     print_frame(result.aligned, "Eval loss at common steps (seed mean)", ".4f")
     print_frame(compare_tables.summary(result.stats), f"Statistics over seeds at step {result.step} vs "
                                                         f"{result.variants[0]}")
+    for line in compare_tables.same_notes(result.stats):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print(compare_tables.STATS_NOTE, highlight=False)
     if len(result.stats) > 1:
         print_frame(compare_tables.both_tests(result.stats), "Welch's and the paired test")

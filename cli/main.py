@@ -37,14 +37,19 @@ if TYPE_CHECKING:
 def variants(
     params: Annotated[bool, typer.Option("--params", help="count parameters at --preset")] = False,
     preset: Annotated[str, typer.Option(help="preset for --params")] = "tiny",
+    set_: Annotated[list[str] | None, typer.Option("--set", help="with --params: count at KEY=VALUE (repeatable), "
+                                                   "as `attnres launch --set` trains")] = None,
 ) -> None:
     """List every residual variant: name, description, depth sources, extra parameters."""
     from attnres.training.optim import RULE
-    from attnres.variants.describe import FLOPS_NOTE, PARAMS_NOTE, flops_rows, variant_rows
+    from attnres.variants.describe import FLOPS_NOTE, PARAMS_NOTE, SHAPE_NOTE, flops_rows, variant_rows
 
-    tables = [(f"Residual variants{f' at {preset}' if params else ''}", variant_rows(preset if params else None))]
+    if set_ and not params:
+        raise AttnresError("--set counts parameters at those settings: give --params too")
+    at = preset + "".join(f" {s}" for s in set_ or [])
+    tables = [(f"Residual variants{f' at {at}' if params else ''}", variant_rows(preset if params else None, set_))]
     if params:
-        tables.append((f"Training compute at {preset}", flops_rows(preset)))
+        tables.append((f"Training compute at {at}", flops_rows(preset, set_)))
     for title, rows in tables:
         table = Table(title=title, show_lines=not params, box=box.SIMPLE_HEAD if params else box.HEAVY_HEAD,
                       pad_edge=False)
@@ -56,6 +61,7 @@ def variants(
         console.print(table)
         if params:
             console.print(FLOPS_NOTE if title.startswith("Training") else PARAMS_NOTE)
+    console.print(SHAPE_NOTE)
     console.print(RULE)
 
 
@@ -111,6 +117,7 @@ def start_runs(variant: list[str], seeds: list[int] | None, preset: str, experim
     from attnres.runs import backends, orchestrator, planning
     from attnres.runs.ladder import warning as ladder_warning
     from attnres.tracking.db import normalize_url
+    from attnres.variants.describe import model_line
 
     given = {k: v for k, v in flags.items() if v is not None} | key_values(backend_opt or [], "--backend-opt")
     placement = backends.get(backend).placement(nproc, given)
@@ -132,6 +139,7 @@ def start_runs(variant: list[str], seeds: list[int] | None, preset: str, experim
     for c in cells:
         show_cell(c)
         if dry_run and not c.skip:  # what the backend would run: a torchrun command here, a job script on SLURM
+            console.print("  " + model_line(c.cfg.model), soft_wrap=True, markup=False, highlight=False)
             for line in backends.get(req.backend).describe(c.run_id or "{run_id}", url, req.placement):
                 console.print("  " + line, soft_wrap=True, markup=False, highlight=False)
     if dry_run or all(c.skip for c in cells):

@@ -12,7 +12,7 @@ import pandas as pd
 
 from reports import comparisons, findings
 from reports import plan as plans
-from reports.evidence import BASELINE, Comparison
+from reports.evidence import BASELINE, TOP_TWO, Comparison
 from reports.scope import Choice, Scope, choose
 from reports.stats import ReportError
 from reports.tables import per_variant
@@ -74,7 +74,8 @@ def analyse(runs: pd.DataFrame, evals: pd.DataFrame, scope: Scope, baseline: str
     future = len(plans.never_run(runs, scope, baseline)[0]) if plans.NEW in kinds else 0  # joining the family
     tests = comparisons.document(runs, evals, baseline, scope.budget, group, deep_group, launch_plans, future)
     by_variant = {c.a: c for c in tests if c.kind == BASELINE}
-    verdicts = cost_benefit(table, baseline, by_variant, runs, benches, scope.preset, bench_args)
+    top = next((c for c in tests if c.kind == TOP_TWO), None)  # first against second: *Best quality*'s evidence
+    verdicts = cost_benefit(table, baseline, by_variant, runs, benches, scope.preset, bench_args, top)
     found = findings.findings(tests, baseline, runs, verdicts, deep_table)
-    plan = plans.make(tests, runs, scope, baseline, max_seeds, db)
+    plan = plans.make(tests, runs, scope, baseline, max_seeds, db, kinds)
     return Analysis(main, table, deep_choice, deep_table, tests, verdicts, found, plan, by_variant)

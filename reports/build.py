@@ -260,15 +260,18 @@ def figures_folder(out: Path) -> Path:
     return out.parent / f"{out.stem}_figures"
 
 
-def _figures(inp: Inputs, folder: Path, analysis: Analysis, link: Path) -> dict[str, str]:
-    """Draw the document's figures into ``folder`` (``link`` from the document); returns {caption: link}."""
-    from reports.plots import delta_curves, depth_heatmaps, throughput_vs_delta  # (pyplot only when drawing)
+def _figures(inp: Inputs, folder: Path, analysis: Analysis, link: Path) -> dict[str, str | None]:
+    """Draw the document's figures into ``folder`` (``link`` from the document): {caption: link}; a figure with
+    nothing to show is no file, and the sentence saying why, in its place: {sentence: None}."""
+    from reports.plots import delta_curves, depth_heatmaps, no_delta, no_throughput, throughput_vs_delta  # (pyplot)
 
-    figures = {}
+    figures: dict[str, str | None] = {}
     intervals = {v: c.ci for v, c in analysis.by_variant.items()}
-    _save(delta_curves(inp.runs, inp.evals, inp.baseline, deep=set(inp.deep), bands=bands(analysis)),
-          folder / "delta_curves.png")
-    figures["Δ eval loss vs the baseline over steps"] = (link / "delta_curves.png").as_posix()
+    if (fig := delta_curves(inp.runs, inp.evals, inp.baseline, deep=set(inp.deep), bands=bands(analysis))) is None:
+        figures[no_delta(inp.runs, inp.baseline)] = None
+    else:
+        _save(fig, folder / "delta_curves.png")
+        figures["Δ eval loss vs the baseline over steps"] = (link / "delta_curves.png").as_posix()
     shallow = [v for v in sorted(set(inp.runs["variant"])) if v not in inp.deep]
     choice = choose(inp.runs, inp.evals, shallow, inp.baseline, inp.step)
     if choice is not None:
@@ -277,10 +280,12 @@ def _figures(inp: Inputs, folder: Path, analysis: Analysis, link: Path) -> dict[
         ids = [r for ids in table["run_ids"] for r in ids.values()]
         sets = [costs.condition_sets(c) for c in inp.runs.set_index("id").loc[ids, "conditions_json"]]
         # throughputs recorded under different conditions measure the machine: no figure sets them side by side
-        if inp.baseline in set(table["variant"]) and costs.alike(sets, [], costs.fields_for(sets)[0]):
-            _save(throughput_vs_delta(table, inp.baseline, intervals), folder / "throughput_vs_delta.png")
-            caption = f"Throughput vs eval-loss Δ at step {choice.step:,}"
-            figures[caption] = (link / "throughput_vs_delta.png").as_posix()
+        if inp.baseline in set(table["variant"]) and costs.speed_alike(sets, [], costs.fields_for(sets)[0]):
+            if (fig := throughput_vs_delta(table, inp.baseline, intervals)) is None:
+                figures[no_throughput(inp.baseline, choice.step)] = None
+            else:
+                _save(fig, png := folder / "throughput_vs_delta.png")
+                figures[f"Throughput vs eval-loss Δ at step {choice.step:,}"] = (link / png.name).as_posix()
     if not inp.maps.empty:
         named = inp.maps.merge(inp.runs[["id", "variant"]], left_on="run_id", right_on="id")
         last = {v: g[g["step"] == g["step"].max()] for v, g in sorted(named.groupby("variant"), key=lambda kv: kv[0])}

@@ -10,12 +10,13 @@ import pandas as pd
 from statsmodels.stats.multitest import multipletests
 
 from attnres.config import flatten
-from reports import costs
+from reports import costs, identity
 from reports.escape import cell_text, markdown_table
 from reports.numbers import (
     DELTA,
     SPREAD,
     STAT,
+    TOKS,
     as_text,
     count,
     delta,
@@ -77,13 +78,14 @@ def seed_stats(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str], ste
                                                            right_on="id")
     by_seed = {v: dict(zip(g["seed"].astype(int), g["value"], strict=True)) for v, g in at.groupby("variant")}
     ref = by_seed.get(variants[0], {})
+    same = identity.same_models(runs[runs["variant"].isin(variants)], prefer=variants)  # one model, two names
     rows = []
     for v in variants:
         mine = by_seed.get(v, {})
         mean, std, lo, hi = mean_ci(np.array(list(mine.values())))
         ev = versus(mine, ref) if v != variants[0] else dict.fromkeys(
             ["t", "p", "paired_t", "paired_p", "seeds_needed", "seeds_upper"], math.nan) | {"pairs": 0, "design": ""}
-        tested = v != variants[0] and len(mine) >= 2 and len(ref) >= 2
+        tested = v != variants[0] and v not in same and len(mine) >= 2 and len(ref) >= 2
         test = (f"paired ({len(mine)} pairs)" if design(mine, ref) == PAIRED else WELCH) if tested else ""
         p = test_p(mine, ref) if tested and not flat(mine, ref) else math.nan
         diff = mean - float(np.mean(list(ref.values()))) if ref and mine else math.nan
@@ -102,8 +104,10 @@ def seed_stats(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str], ste
               for arms, c, t in zip(out["_arms"], level, out["test"], strict=True)]
     at_p = out.columns.get_loc("p") + 1
     out.insert(at_p, "holm_p", holm)
-    out.insert(at_p + 1, "evidence", ["resolved" if q <= ALPHA else "unresolved" if q == q else
-                                      ("" if i == 0 else "untested") for i, q in enumerate(holm)])
+    out.insert(at_p + 1, "evidence", [f"untested: same model as {same[v]}" if v in same else "resolved" if q <= ALPHA
+                                      else "unresolved" if q == q else ("" if i == 0 else "untested")
+                                      for i, (v, q) in enumerate(zip(out["variant"], holm, strict=True))])
+    out.attrs["same_model"] = same
     out.insert(at_p + 2, "delta_low", [b[0] for b in bounds])
     out.insert(at_p + 3, "delta_high", [b[1] for b in bounds])
     out.insert(at_p + 4, "level", [level_text(c) if t else "" for c, t in zip(level, out["test"], strict=True)])
@@ -159,21 +163,26 @@ def cost(runs: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
     sets = {v: [costs.condition_sets(c) for c in column[mine["variant"] == v]] for v in variants}
     first = variants[0]
     speed, memory = costs.fields_for([s for v in variants for s in sets[v]])
-    speed_ok = [costs.alike(sets[v], sets[first], speed) for v in variants]
+    speed_ok = [costs.speed_alike(sets[v], sets[first], speed) for v in variants]
     memory_ok = [costs.alike(sets[v], sets[first], memory) for v in variants]
     g["tok/s vs first %"] = ((g["tokens_per_s"] / g["tokens_per_s"].iloc[0] - 1) * 100).where(speed_ok)
     g["memory vs first %"] = ((g["peak_memory_bytes"] / g["peak_memory_bytes"].iloc[0] - 1) * 100).where(memory_ok)
+    tps = {v: [float(x) for x in mine.loc[mine["variant"] == v, "tokens_per_s"].dropna()] for v in variants}
+    spread = [costs.noise(tps[v], tps[first], (v, first)) if v != first else "" for v in variants]
 
-    def measured(v: str, ok: bool, fields: tuple[str, ...]) -> str:
+    def measured(v: str, ok: bool, fields: tuple[str, ...], differ: object = costs.differences) -> str:
         if not ok:
-            return "not comparable: " + costs.differences(sets[v], sets[first], fields)
+            return "not comparable: " + differ(sets[v], sets[first], fields)  # type: ignore[operator]
         return "conditions not recorded" if costs.unrecorded(sets[v] + sets[first]) else "alike"
 
-    g["tok/s measured"] = [measured(v, ok, speed) for v, ok in zip(variants, speed_ok, strict=True)]
+    g["tok/s measured"] = [measured(v, ok, speed, costs.speed_differences)
+                           for v, ok in zip(variants, speed_ok, strict=True)]
     g["memory measured"] = [measured(v, ok, memory) for v, ok in zip(variants, memory_ok, strict=True)]
+    # the speed change with its run-to-run spread, as the report's cost table writes it (reports.costs.noise)
+    g["tok/s vs first %"] = [costs.cell(float(p), n) for p, n in zip(g["tok/s vs first %"], spread, strict=True)]
     return formats(g.reset_index(), {"tokens_per_s": throughput_text, "peak_memory_bytes": gib,
-                                     "tok/s vs first %": _change, "memory vs first %": _change},
-                   {"tokens_per_s": "tok/s", "peak_memory_bytes": "peak memory", "tok/s vs first %": "tok/s vs first",
+                                     "tok/s vs first %": str, "memory vs first %": _change},
+                   {"tokens_per_s": TOKS, "peak_memory_bytes": "peak memory", "tok/s vs first %": "tok/s vs first",
                     "memory vs first %": "memory vs first"})
 
 
@@ -201,15 +210,22 @@ def summary(stats_: pd.DataFrame) -> pd.DataFrame:
         "Holm p": [p_value(p) for p in stats_["holm_p"]],
         "evidence": [text(e) for e in stats_["evidence"]],
         "Δ interval": [interval_cell(r) for _, r in stats_.iterrows()],
-        "seeds per arm to resolve": [need_text(n, u, d) if i and e != "resolved" else "—" for i, (n, u, d, e) in
+        "seeds per arm to resolve": [need_text(n, u, d) if i and e in ("unresolved", "untested") else "—"
+                                     for i, (n, u, d, e) in
                                      enumerate(zip(stats_["seeds_needed"], stats_["seeds_if_sd_80pct_high"],
                                                    stats_["seeds_for_test"], stats_["evidence"], strict=True))],
     })
 
 
+def same_notes(stats_: pd.DataFrame) -> list[str]:
+    """A line for each arm that trained another arm's model (:mod:`reports.identity`): why it is not tested."""
+    return [f"{arm}: {identity.note(other)}" for arm, other in stats_.attrs.get("same_model", {}).items()]
+
+
 def both_tests(stats_: pd.DataFrame) -> pd.DataFrame:
     """Welch's test and the paired test of each arm against the first, side by side (strings)."""
     rest = stats_.iloc[1:]
+    rest = rest[~rest["variant"].isin(list(stats_.attrs.get("same_model", {})))]  # (no test of one model's names)
     return pd.DataFrame({
         "arm": rest["variant"], "Welch t": [_stat(x) for x in rest["welch_t"]],
         "Welch p": [p_value(x) for x in rest["welch_p"]], "pairs": [count(n) for n in rest["paired_n"]],
@@ -226,6 +242,7 @@ def compare_markdown(aligned: pd.DataFrame, stats_: pd.DataFrame, diff: pd.DataF
         "## Eval loss at common steps (seed mean)\n", _table(aligned), "",
         f"## Statistics over seeds at step {step:,}\n", STATS_NOTE + "\n",
         markdown_table(summary(stats_), disable_numparse=True), "",
+        *[f"- {cell_text(line)}" for line in same_notes(stats_)], *([""] if same_notes(stats_) else []),
         "### Both tests\n", markdown_table(both_tests(stats_), disable_numparse=True), "",
         "### Every figure\n", _table(stats_), "",
         "## Config differences\n", markdown_table(diff) if len(diff) else "_(none besides the variant)_", "",

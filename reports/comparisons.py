@@ -18,6 +18,7 @@ import pandas as pd
 
 from attnres.tracking.states import EARLY
 from attnres.variants import traits
+from reports import identity
 from reports.evidence import BASELINE, CONTRAST, TOP_TWO, Comparison, assess, control, pooled_sd
 from reports.scope import choose
 from reports.stats import ReportError, finite
@@ -74,8 +75,9 @@ def document(runs: pd.DataFrame, evals: pd.DataFrame, baseline: str, budget: int
         out.append(assess(Comparison(ranked[0], ranked[1], TOP_TWO, main.step, main.partial),
                           rows[ranked[0]], rows[ranked[1]], runs, plans))
         done |= {(ranked[0], ranked[1]), (ranked[1], ranked[0])}
+    same = identity.same_models(runs)  # one model under two names: no contrast of its traits
     for a, b, added in traits.contrasts(sorted(set(runs["variant"]))):
-        if (a, b) in done or (b, a) in done:  # (with another baseline, a contrast may be a primary test)
+        if (a, b) in done or (b, a) in done or a in same or b in same:  # (another baseline's primary test)
             continue
         done.add((a, b))
         group, rows = next(((g, r) for g, r in groups if {a, b} <= set(r)), (None, {}))

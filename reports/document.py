@@ -6,6 +6,7 @@ text (the date and provenance are given, nothing reads a clock), so a report can
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from reports.analysis import Analysis, analyse
 from reports.escape import cell_text, markdown_table
 from reports.evidence import Comparison
 from reports.scope import Choice, Scope
-from reports.stats import MARKS, STARS_RULE, ReportError
+from reports.stats import MARKS, PAIRED, STARS_RULE, ReportError
 from reports.tables import baseline_row, cause, completed, ended_step, family, multi_seed
 from reports.verdicts import RULE
 
@@ -37,7 +38,7 @@ class Inputs:
     step: int | None = None  # compare the shallow group here instead of choosing
     maps: pd.DataFrame = field(default_factory=pd.DataFrame)  # run_id, step, site, source, weight
     provenance: Mapping[str, str] = field(default_factory=dict)
-    figures: Mapping[str, str] = field(default_factory=dict)  # caption -> relative path
+    figures: Mapping[str, str | None] = field(default_factory=dict)  # caption -> path; a left-out one's why -> None
     notes: list[str] = field(default_factory=list)
     others: list[Scope] = field(default_factory=list)
     tuning: str = ""  # with --tuned: the section saying which value of the setting each variant is compared at
@@ -92,11 +93,33 @@ def variants_section(inp: Inputs) -> str:
     })
     missing = [v for v in inp.descriptions if v not in {p.split("@")[0] for p in present}]  # (a cell: its variant)
     tail = f"\nNot run in this scope: {', '.join(missing)}.\n" if missing else ""
-    counted = (f"\nParameters: as trained (runs recorded elsewhere: the variant's model at preset "
-               f"{inp.scope.preset}); the output layer is tied to the token embedding, and non-embedding leaves the "
-               f"embedding out; `attnres variants --params --preset {inp.scope.preset}` splits the depth "
-               "attention's.\n") if inp.params else ""
+    counted = (f"\nParameters: {_counted_from(inp)}; the output layer is tied to the token embedding, and "
+               f"non-embedding leaves the embedding out; `attnres variants --params --preset {inp.scope.preset}` "
+               "splits the depth attention's.\n") if inp.params else ""
     return "## Variants\n\n" + _md(rows) + "\n" + counted + tail
+
+
+def _counted_from(inp: Inputs) -> str:
+    """Where the parameter counts come from, saying only what is true: the model the runs trained, or, for a
+    variant whose runs were recorded elsewhere (imported without their model), its model at the preset."""
+    runs = inp.runs[inp.runs["variant"].isin(list(inp.params))]
+    first = runs.groupby("variant", sort=True)["config_json"].agg(lambda c: c.iloc[0]) if "config_json" in runs \
+        else pd.Series(dtype=object)  # (the run the counts were taken from: reports.build.variant_params)
+    elsewhere = [str(v) for v, c in first.items() if "model" not in _config(c)]
+    at = f"the variant's model at preset {inp.scope.preset}"
+    if not elsewhere:
+        return "as trained"
+    if len(elsewhere) == len(first):
+        return f"{at} (the runs were recorded elsewhere, without their model)"
+    return f"as trained, and for the variants recorded elsewhere ({', '.join(elsewhere)}) {at}"
+
+
+def _config(text: object) -> dict:
+    try:
+        config = json.loads(text) if isinstance(text, str) and text else {}
+    except ValueError:
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def params_text(counts: Mapping[str, int] | None) -> str:
@@ -159,18 +182,33 @@ def multi_seed_section(tables: Mapping[str, pd.DataFrame], baseline: str, step: 
              f"Per seed, mean, sample std and the 95% t-interval of the mean, at step {step:,}. Against "
              f"{baseline}: Welch's t-test (≥ 2 seeds on both sides) and the paired t-test over the seeds both have "
              "(the same seed sees the same data order); the evidence is the Statistical Evidence table's (after "
-             "family-wise control and sequential testing).\n"]
+             "family-wise control and sequential testing). Of the two, the evidence makes one: the paired test when "
+             "both arms hold the same seeds, else Welch's over every seed of each arm, also when they share some "
+             "(a paired test over those alone would leave the others out); each line says which one that is.\n"]
     for variant, table in tables.items():
         a = table.attrs
         parts.append(f"### {variant}\n\n{_md(table)}\n")
         if a:
             c = tests.get(variant)
+            welch_note, paired_note = _deciding(a)
             parts.append(
                 f"Δ vs {baseline}: {_num(a['delta'], '+.4f')} ({a['n']} vs {a['n_base']} seeds); Welch t = "
-                f"{_num(a['t'], '.3f')}, p = {_num(a['p'], '.4f')}; paired over {a['pairs']} shared seed(s): "
-                f"Δ {_num(a['paired_delta'], '+.4f')}, t = {_num(a['paired_t'], '.3f')}, p = "
-                f"{_num(a['paired_p'], '.4f')}" + (f"; evidence: {evidence.evidence_text(c)}.\n" if c else ".\n"))
+                f"{_num(a['t'], '.3f')}, p = {_num(a['p'], '.4f')}{welch_note}; paired over {a['pairs']} shared "
+                f"seed(s): Δ {_num(a['paired_delta'], '+.4f')}, t = {_num(a['paired_t'], '.3f')}, p = "
+                f"{_num(a['paired_p'], '.4f')}{paired_note}"
+                + (f"; evidence: {evidence.evidence_text(c)}.\n" if c else ".\n"))
     return "\n".join(parts)
+
+
+def _deciding(a: Mapping) -> tuple[str, str]:
+    """The notes after a Multi-Seed line's Welch and paired figures saying which of the two the evidence makes
+    (:func:`reports.stats.design`): paired when the arms hold the same seeds, else Welch's, shared seeds or not."""
+    if a.get("design") == PAIRED:
+        return " (shown only)", " (the evidence's test: the arms hold the same seeds)"
+    if a.get("pairs"):
+        return (f" (the evidence's test: the arms share {a['pairs']} of their seeds, not all)",
+                " (shown only: it leaves out the seeds one arm alone holds)")
+    return " (the evidence's test)", ""
 
 
 def deep_section(inp: Inputs, a: Analysis, members: list[str]) -> str:
@@ -185,6 +223,8 @@ def deep_section(inp: Inputs, a: Analysis, members: list[str]) -> str:
     text = [head, f"Comparison {_where(a.deep, inp.scope.budget)}.\n",
             _md(family(a.deep_table, inp.baseline, params=inp.params)) + "\n"]
     text += [f"{n}\n" for n in _progress_notes(a.deep)]
+    text += [f"{v}: {m}.\n" for v, m in zip(a.deep_table["variant"], a.deep_table["mark"], strict=True)
+             if "Same model as" in m]
     return "\n".join(text)
 
 
@@ -265,8 +305,9 @@ def bands(a: Analysis) -> dict[str, tuple[list[int], float]]:
     return {v: (c.run_ids, c.ci_level) for v, c in a.by_variant.items()}
 
 
-def assemble(before: list[str], figures: Mapping[str, str], after: list[str]) -> str:
-    """The document from its sections and its figures (caption -> relative path)."""
-    shown = ["## Figures\n\n" + "\n\n".join(f"![{name}]({path})" for name, path in figures.items()) + "\n"
-             ] if figures else []
+def assemble(before: list[str], figures: Mapping[str, str | None], after: list[str]) -> str:
+    """The document from its sections and its figures (caption -> relative path; a figure left out for having
+    nothing to show: the sentence saying why -> None, written in its place)."""
+    shown = ["## Figures\n\n" + "\n\n".join(f"![{name}]({path})" if path else f"_{name}_"
+                                              for name, path in figures.items()) + "\n"] if figures else []
     return "\n".join(p for p in [*before, *shown, *after] if p)

@@ -49,11 +49,19 @@ from reports.tables import num
 PRIMARY, SECONDARY = "primary", "secondary"
 BASELINE, TOP_TWO, CONTRAST = "vs baseline", "top two", "contrast"
 RESOLVED, CONTRADICTED, SUGGESTIVE, UNTESTABLE = "resolved", "contradicted", "suggestive", "not yet testable"
+INCONCLUSIVE = "inconclusive"
+# an unresolved test leans (SUGGESTIVE) when its own p, before looks and Holm, is below this: its (1 - LEAN)
+# interval excludes 0. With no true difference that happens to at most this share of comparisons.
+LEAN = 0.10
 
 METHOD = ("Tests: on the eval loss of the seeds of complete stages, a paired t-test over the per-seed differences "
           "when both arms hold the same seeds (same seed, same data order), else Welch's t-test (a stage is the runs "
-          "of one launch; while one is still running, a comparison it adds seeds to waits for it). A test decides "
-          "only at the runs' last step: one at an earlier step (partial, --step, or a run that ended early) is "
+          "of one launch; while one is still running, a comparison it adds seeds to waits for it). Arms that share "
+          "only some of their seeds get Welch's test over every seed of each arm, and that is the test that decides: "
+          "a paired test over the shared seeds alone would leave the others out (the Multi-Seed section shows it "
+          "beside Welch's, for information only); `attnres next` adds the same new seeds to arms that hold the same "
+          "seeds, so a paired comparison stays paired, and names any comparison a plan cannot keep paired. A test "
+          "decides only at the runs' last step: one at an earlier step (partial, --step, or a run that ended early) is "
           "interim and resolves nothing, as each eval step would otherwise be one more look. Each stage that added "
           "seeds to a testable comparison is one more look, and look k may spend α/2^k, so that any number of looks "
           "spends at most α = 0.05 in all (a p-value enters as min(1, p·2^k)). Family-wise control: Holm–Bonferroni "
@@ -65,9 +73,17 @@ METHOD = ("Tests: on the eval loss of the seeds of complete stages, a paired t-t
           "is the same interval at every step. Seeds per arm to resolve: exact power 0.8 (noncentral t) at "
           "the level the comparison's next decision will face, α/2^k divided by its family's size once the plan's "
           "never-run variants join it, for the observed Δ and the test it will face: paired (σ of the per-seed "
-          "differences) when the arms hold the same 2+ seeds, as a plan adds the same seeds to both; otherwise Welch "
+          "differences) when the arms hold the same 2+ seeds, as a plan adds the same seeds to both, or share 2+ seeds "
+          "(a plan then gives each arm the seeds the other holds: the σ of the shared seeds' differences, for at least "
+          "the seeds the two hold between them); otherwise Welch "
           "with the arms' spread (or the scope's pooled seed spread when neither arm has two seeds). A spread from a "
-          "few seeds is uncertain, so the count is also given at σ's 80% upper confidence bound (chi-square).")
+          "few seeds is uncertain, so the count is also given at σ's 80% upper confidence bound (chi-square). "
+          "Evidence classes (the Interpretation's): *resolved* or *contradicted* (resolved, lower or higher than the "
+          "design expects); an unresolved (or interim) test is *suggestive* when its own p-value at its latest look, "
+          f"before looks and Holm, is below {LEAN:.2f} (its unadjusted {1 - LEAN:.0%} interval excludes 0: the data "
+          f"lean one way, and the sentence says which), else *inconclusive* (p ≥ {LEAN:.2f}: the data lean neither "
+          f"way; with no true difference, a comparison is suggestive at most {LEAN:.0%} of the time); *not yet "
+          "testable* without a test.")
 
 
 @dataclass
@@ -224,20 +240,28 @@ def control(comparisons: list[Comparison], sigma: tuple[float, int] = (math.nan,
 
 
 def _plan_size(c: Comparison, sigma: tuple[float, int], level: float) -> None:
-    size = seed_plan(c.values_a, c.values_b, c.delta, level, sigma)
+    size = seed_plan(c.values_a, c.values_b, c.delta, level, sigma, complete=True)  # (a plan completes the pairs)
     c.need, c.need_hi, c.plan_design = size["need"], size["upper"], str(size["design"])
+    if c.plan_design == PAIRED and design(c.values_a, c.values_b) != PAIRED:
+        c.plan_design += " once each arm holds the other's seeds"
     c.pooled = size["basis"] == "the pooled spread"
 
 
 def evidence_class(c: Comparison) -> str:
     """RESOLVED (resolved lower: every trait's design expects a lower, or no higher, eval loss),
-    CONTRADICTED (resolved higher), SUGGESTIVE (tested, unresolved or interim: the sentence says which way
-    it points) or UNTESTABLE."""
+    CONTRADICTED (resolved higher), SUGGESTIVE (tested, unresolved or interim, and its own p-value below
+    :data:`LEAN`: the data lean one way, the sentence says which), INCONCLUSIVE (tested, unresolved, p at or
+    above :data:`LEAN`: they lean neither way) or UNTESTABLE."""
     if not c.testable:
         return UNTESTABLE
     if not c.resolved:
-        return SUGGESTIVE
+        return SUGGESTIVE if c.p < LEAN else INCONCLUSIVE
     return RESOLVED if c.delta < 0 else CONTRADICTED
+
+
+def backs_lower(c: Comparison | None) -> bool:
+    """The comparison resolved its first arm lower (better): what an unqualified verdict or star needs."""
+    return c is not None and c.resolved and c.delta < 0
 
 
 def need_text(c: Comparison, unit: str = "") -> str:
@@ -294,6 +318,17 @@ def interval_text(c: Comparison) -> str:
     return f"[{lo:+.3f}, {hi:+.3f}] ({level_text(c.ci_level)})"
 
 
+def test_text(c: Comparison) -> str:
+    """The test that decides: 'paired (3 pairs)', 'Welch', or 'Welch (2 shared seeds, not all)' where the arms
+    share only some seeds (the paired test over those alone is not made: it would leave the others out)."""
+    if not c.looks:
+        return "—"
+    if c.design == PAIRED:
+        return f"paired ({len(c.values_a)} pairs)"
+    shared = len(set(c.values_a) & set(c.values_b))
+    return f"{WELCH} ({shared} shared seed{'s' if shared > 1 else ''}, not all)" if shared else WELCH
+
+
 def table(comparisons: list[Comparison]) -> pd.DataFrame:
     """The document's Evidence table: every comparison, its numbers and its evidence (markdown-ready)."""
     return pd.DataFrame({
@@ -302,8 +337,7 @@ def table(comparisons: list[Comparison]) -> pd.DataFrame:
         "Step": [f"{c.step:,}" + (" (partial)" if c.partial else "") for c in comparisons],
         "Seeds": [c.seeds() for c in comparisons],
         "Δ": [num(shown(c.delta), "+.3f") for c in comparisons],
-        "Test": [(f"paired ({len(c.values_a)} pairs)" if c.design == PAIRED else WELCH) if c.looks else "—"
-                 for c in comparisons],
+        "Test": [test_text(c) for c in comparisons],
         "p": [num(c.p, ".3g") for c in comparisons],
         "Look": [str(c.look) if c.look else "—" for c in comparisons],
         "Holm-adjusted p": [num(c.p_adj, ".3g") for c in comparisons],

@@ -2,9 +2,9 @@
 
 Pure: the document's comparisons (:mod:`reports.comparisons`), its tables and its runs in, findings out.
 No rule names a variant: a rule reads traits (:mod:`attnres.variants.traits`), and every sentence quotes the
-figures of the Statistical Evidence table and ends with its evidence class (resolved, suggestive,
-contradicted, not yet testable), so no claim goes further than its test. A finding with no data is left
-out.
+figures of the Statistical Evidence table and ends with its evidence class (resolved, contradicted, suggestive,
+inconclusive, not yet testable: :func:`reports.evidence.evidence_class`), so no claim goes further than its test.
+A finding with no data is left out.
 """
 
 from __future__ import annotations
@@ -19,8 +19,12 @@ from attnres.variants import traits
 from reports.escape import cell_text
 from reports.evidence import (
     BASELINE,
+    CONTRADICTED,
     CONTRAST,
+    INCONCLUSIVE,
+    LEAN,
     RESOLVED,
+    SUGGESTIVE,
     TOP_TWO,
     UNTESTABLE,
     Comparison,
@@ -61,6 +65,8 @@ def _sentence(c: Comparison, added: list[str]) -> tuple[str, str]:
     claim = f"{verb[0]} eval loss" if c.resolved else f"may {verb[1]} eval loss (unresolved)"
     if shown(c.delta) == 0 and not c.resolved:  # a Δ printed as ±0.000 points nowhere
         claim = "leaves eval loss unchanged to three decimals (unresolved)"
+    elif cls == INCONCLUSIVE:  # the data lean neither way: no direction is claimed, not even "may"
+        claim = "shows no lean either way in eval loss (unresolved)"
     return f"{c.a} against {c.b}: its {what} {claim}: {_figures(c)}.", cls
 
 
@@ -77,10 +83,14 @@ def _depth_attention(tests: list[Comparison], baseline: str) -> Finding | None:
     ahead = [c for c in mine if shown(c.delta) < 0]  # as printed: a Δ shown as +0.000 is not ahead
     f = Finding(f"Depth attention against {baseline}")
     cls = evidence_class(best)
-    count = f"{len(ahead)} of {len(mine)} depth-attention variants are" if len(mine) > 1 else \
-        f"{'The' if ahead else 'No'} depth-attention variant is"
-    lead = "the furthest ahead" if ahead else "the closest"
-    f.sentences.append((f"{count} ahead of {baseline} at {_at(best)}; {lead} is {best.a}: {_figures(best)}.", cls))
+    if len(mine) > 1:
+        lead = "the furthest ahead" if ahead else "the closest"
+        said = (f"{len(ahead)} of {len(mine)} depth-attention variants are ahead of {baseline} at {_at(best)}; "
+                f"{lead} is {best.a}")
+    else:  # one variant compared: nothing to be the furthest or the closest of
+        said = f"The one depth-attention variant, {best.a}, is {'' if ahead else 'not '}ahead of {baseline} at " \
+               f"{_at(best)}"
+    f.sentences.append((f"{said}: {_figures(best)}.", cls))
     for label, group in (("Resolved ahead", [c for c in mine if c.resolved and c.delta < 0]),
                          ("Resolved behind", [c for c in mine if c.resolved and c.delta > 0])):
         if group:
@@ -129,24 +139,28 @@ def _deep(tests: list[Comparison], deep: pd.DataFrame | None, baseline: str) -> 
         return None
     step = int(deep.attrs.get("step", 0))
     partial = bool(deep.attrs.get("partial", False))
-    ranked = deep.sort_values("eval", kind="stable")
+    twin = deep["mark"].str.contains("Same model as", regex=False)  # one model under two names is not ordered
+    ranked = deep[~twin].sort_values("eval", kind="stable")
     f = Finding("Depth, width and depth attention")
     order = " < ".join(f"{v} {e:.3f}" for v, e in zip(ranked["variant"], ranked["eval"], strict=True))
-    f.sentences.append((f"At step {step:,}{' (partial)' if partial else ''}, eval loss orders {order} "
-                        f"(lower is better; {baseline} is the shallow baseline).", UNTESTABLE))
+    if len(ranked) >= 2:
+        f.sentences.append((f"At step {step:,}{' (partial)' if partial else ''}, eval loss orders {order} "
+                            f"(lower is better; {baseline} is the shallow baseline).", UNTESTABLE))
+    ordered = steps_from = len(f.sentences)  # (0 or 1: the ordering, whose sureness is its steps' below)
     names = set(deep["variant"])
     for c in tests:
         if not ({c.a, c.b} <= names or (c.kind == CONTRAST and {c.a, c.b} & set(traits.deep_variants()))):
             continue
         if c.kind in (BASELINE, CONTRAST):
             f.sentences.append(_sentence(c, c.traits or list(traits.traits_of(c.a))))
-    # the ordering is as sure as its least sure step
-    f.sentences[0] = (f.sentences[0][0], min((cls for _, cls in f.sentences[1:]), key=_strength, default=UNTESTABLE))
-    return f
+    if ordered:  # the ordering is as sure as its least sure step
+        f.sentences[0] = (f.sentences[0][0], min((cls for _, cls in f.sentences[steps_from:]), key=_strength,
+                                                 default=UNTESTABLE))
+    return f if f.sentences else None
 
 
 def _strength(cls: str) -> int:
-    return {"resolved": 3, "contradicted": 3, "suggestive": 2}.get(cls, 1)
+    return {RESOLVED: 4, CONTRADICTED: 4, SUGGESTIVE: 3, INCONCLUSIVE: 2}.get(cls, 1)
 
 
 def _cost(verdicts: pd.DataFrame, by_variant: dict[str, Comparison]) -> Finding | None:
@@ -191,7 +205,9 @@ def markdown(found: list[Finding]) -> str:
              "Generated from the tables above by rules over the variants' traits (`attnres variants`): each "
              "sentence gives its figures (as in Statistical Evidence) and its evidence class: **resolved** "
              "(resolved in the direction the mechanism's design expects), **contradicted** (resolved the other "
-             "way), **suggestive** (unresolved: it says which way the data point), **not yet testable**.\n"]
+             f"way), **suggestive** (unresolved, but the data lean one way: the test's own {1 - LEAN:.0%} interval, "
+             "before looks and Holm, excludes 0; it says which way), **inconclusive** (unresolved, and the data lean "
+             "neither way: that interval holds 0), **not yet testable** (see Statistical Evidence).\n"]
     for i, f in enumerate(found, 1):
         parts.append(f"### {i}. {f.title}\n")
         parts += [f"- {text} — **{cls}**" for text, cls in f.sentences]

@@ -66,6 +66,12 @@ def gib(n_bytes: float) -> str:
     return MISSING if missing(n_bytes) or not math.isfinite(n_bytes) else f"{n_bytes / 2**30:.2f} GiB"
 
 
+TOKS = "mean tok/s"  # a run's throughput, named the same in the report, `compare` and `status`
+TOKS_NOTE = ("mean tok/s: a run's tokens/s over its timed steps, the mean of its logged intervals (each the steps "
+             "since the previous log over their wall time); a variant's is the mean of its runs'. `attnres status` "
+             "gives each run's.")
+
+
 def throughput_text(x: float) -> str:
     """Tokens/s that read at any size: ``197k tok/s``, ``12.3k tok/s``, ``845 tok/s``, ``3.2 tok/s`` (never
     ``0.0k``)."""
@@ -76,6 +82,16 @@ def throughput_text(x: float) -> str:
     if x >= 1000:
         return f"{x / 1000:.1f}k tok/s"
     return f"{x:.0f} tok/s" if x >= 10 else f"{x:.2g} tok/s"
+
+
+def throughput_unit(values: object) -> tuple[float, str]:
+    """The unit a figure's throughput axis takes for ``values`` (tokens/s), as :func:`throughput_text` would write
+    the largest: ``(1000, "k tok/s")`` from 1,000 tok/s up, else ``(1, "tok/s")``; ``(nan, "tok/s")`` when none
+    is finite."""
+    finite = [float(x) for x in pd.Series(values, dtype=float) if math.isfinite(x)]
+    if not finite:
+        return math.nan, "tok/s"
+    return (1000.0, "k tok/s") if max(finite) >= 1000 else (1.0, "tok/s")
 
 
 def text(x: object) -> str:

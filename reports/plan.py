@@ -6,7 +6,10 @@ it planned per comparison (a pre-registration the next report holds the test to)
 Seeds are chosen to pair: an arm first takes the seeds other variants of the scope already have (the
 same seed sees the same data order), then fresh ones; the cells of all comparisons are merged, so the
 baseline's seeds serve every comparison that needs them, and grouped into as few launch commands as
-their seed lists allow.
+their seed lists allow. A comparison is tested paired only when its arms hold the same seeds, so arms that
+do get the same new seeds (:mod:`reports.pairs`): seeds added to the baseline are added to every arm that
+holds the baseline's seeds, and the never-run variants get the baseline's seeds as they will be after the
+plan. A comparison whose pairing is lost, or cannot be made, is named with the reason.
 """
 
 from __future__ import annotations
@@ -15,8 +18,6 @@ import itertools
 import json
 import math
 import shlex
-from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -28,6 +29,7 @@ from attnres.tracking.states import ACTIVE, DIVERGED, FAILED, FINISHED, PREEMPTE
 from attnres.variants.registry import VARIANTS, resolve_run
 from reports.escape import cell_text
 from reports.evidence import BASELINE, CONTRAST, TOP_TWO, Comparison, evidence_text
+from reports.pairs import plan_seeds, seed_order, seeds_text
 from reports.scope import DEFAULT_DATA, Scope
 from reports.stats import shown
 from reports.tables import cause, ended_step
@@ -140,19 +142,6 @@ def _usable(runs: pd.DataFrame) -> dict[str, set[int]]:
     return {str(v): set(g["seed"].astype(int)) for v, g in ok.groupby("variant")}
 
 
-def _seed_order(runs: pd.DataFrame) -> Iterator[int]:
-    """Seeds the scope's variants share most first, then fresh ones (1, 2, ... not used by any run)."""
-    counts = Counter(int(s) for s in runs.drop_duplicates(["variant", "seed"])["seed"])
-    yield from sorted(counts, key=lambda s: (-counts[s], s))
-    yield from (s for s in itertools.count(1) if s not in counts)
-
-
-def _picks(runs: pd.DataFrame, variant: str, n: int) -> list[int]:
-    """The first ``n`` seeds of the scope's order that ``variant`` has no run of."""
-    tried = set(runs.loc[runs["variant"] == variant, "seed"].astype(int))
-    return list(itertools.islice((s for s in _seed_order(runs) if s not in tried), max(0, n)))
-
-
 def _group(picks: dict[str, list[int]], kind: str, settings: dict[str, list[str] | None]) -> list[Launch]:
     """As few launch commands as the seed lists allow: variants with the same seeds (and settings) share one."""
     by: dict[tuple, list[str]] = {}
@@ -163,7 +152,10 @@ def _group(picks: dict[str, list[int]], kind: str, settings: dict[str, list[str]
 
 
 def _resolve(tests: list[Comparison], runs: pd.DataFrame, max_seeds: int, settings: dict[str, list[str] | None],
-             ) -> tuple[Item, list[dict]]:
+             pairs: list[tuple[str, str]]) -> tuple[Item, list[dict], dict[str, list[int]]]:
+    """The runs that resolve the open comparisons (``pairs``: every comparison tested, kept paired where their
+    arms hold the same seeds), the pre-registration of the comparisons they add seeds to, and the new seeds per
+    arm."""
     item, targets, planned = Item(RESOLVE), {}, []
     usable = _usable(runs)
     for c in tests:
@@ -184,14 +176,20 @@ def _resolve(tests: list[Comparison], runs: pd.DataFrame, max_seeds: int, settin
         why = "a pilot of 3 seeds per arm, to estimate the spread" if c.need != c.need else f"{n} seeds per arm"
         item.lines.append(f"{head}. Planned: {why}.")
         planned.append({"variant": c.a, "against": c.b, "kind": RESOLVE})
-    picks = {v: _picks(runs, v, t - len(usable.get(v, ()))) for v, t in targets.items()}
+    seeds = plan_seeds(runs, usable, targets, pairs, [(p["variant"], p["against"]) for p in planned], max_seeds,
+                       {v: settings.get(v) is not None for pair in pairs for v in pair})
+    picks = seeds.picks
+    item.lines += seeds.lines
+    planned += [{"variant": a, "against": b, "kind": RESOLVE} for a, b in seeds.kept
+                if (a, b) in {(c.a, c.b) for c in tests} and not any({a, b} == {p["variant"], p["against"]}
+                                                                       for p in planned)]
     for p in planned:
         p["n"] = [len(usable.get(p[k], ())) + len(picks.get(p[k], [])) for k in ("variant", "against")]
     item.launches = _group(picks, RESOLVE, settings)
     if any(settings.get(v) is None for v, seeds in picks.items() if seeds):
         item.lines.append("No command: the runs were recorded at a preset or with settings this attnres cannot "
                           "train again; add the seeds where they were trained.")
-    return item, [p for p in planned if any(picks.get(p[k]) for k in ("variant", "against"))]
+    return item, [p for p in planned if any(picks.get(p[k]) for k in ("variant", "against"))], picks
 
 
 def _eta(run: pd.Series) -> str:
@@ -235,19 +233,24 @@ def never_run(runs: pd.DataFrame, scope: Scope, baseline: str) -> tuple[list[str
     return fresh, refused
 
 
-def _new(runs: pd.DataFrame, scope: Scope, baseline: str, settings: dict[str, list[str] | None]
-         ) -> tuple[Item, list[dict]]:
+def _new(runs: pd.DataFrame, scope: Scope, baseline: str, settings: dict[str, list[str] | None],
+         added: list[int] | None = None) -> tuple[Item, list[dict]]:
+    """The never-run variants, at the baseline's seeds as they will be once ``added`` (the seeds the plan's
+    resolve part adds to the baseline, when it is launched too) are: the same seeds, so each pairs with it."""
     item = Item(NEW)
     have = _usable(runs).get(baseline, set())
-    seeds = [s for s in itertools.islice(_seed_order(runs), len(set(runs["seed"]))) if s in have] or [42]
+    seeds = [s for s in itertools.islice(seed_order(runs), len(set(runs["seed"]))) if s in have] or [42]
+    added = [s for s in added or [] if s not in seeds]
+    seeds += added
     try:
         get_preset(scope.preset)
     except AttnresError:
         return item, []  # (a preset of runs recorded elsewhere: nothing can be built here)
     fresh, refused = never_run(runs, scope, baseline)
     if fresh:
+        also = f", and {seeds_text(added)}, which resolving the open comparisons adds to it" if added else ""
         item.lines.append(f"Never run in this scope: {', '.join(fresh)}; planned with {baseline}'s seeds "
-                          f"({', '.join(map(str, seeds))}), so they pair.")
+                          f"({seeds_text(seeds[:len(seeds) - len(added)])}{also}), so they pair.")
         if settings.get(baseline) is not None:
             item.launches = [Launch(NEW, fresh, seeds, list(settings[baseline]))]
     if refused:
@@ -285,11 +288,15 @@ def _lr(runs: pd.DataFrame, preset: str) -> float:
 
 
 def make(tests: list[Comparison], runs: pd.DataFrame, scope: Scope, baseline: str,
-         max_seeds: int = MAX_SEEDS, db: list[str] | None = None) -> Plan:
-    """The plan for one scope, from its tested comparisons and its runs (``db``: the --db its commands name)."""
+         max_seeds: int = MAX_SEEDS, db: list[str] | None = None, kinds: tuple[str, ...] = KINDS) -> Plan:
+    """The plan for one scope, from its tested comparisons and its runs (``db``: the --db its commands name;
+    ``kinds``: the parts to be launched: the never-run variants get the seeds the resolve part adds to the
+    baseline only when it is launched too)."""
     settings = {v: settings_of(runs, v, baseline, scope) for v in [*VARIANTS, *set(runs["variant"])]}
-    resolve, planned = _resolve([c for c in tests if c.kind != CONTRAST], runs, max_seeds, settings)
-    new, fresh = _new(runs, scope, baseline, settings)
+    resolve, planned, picks = _resolve([c for c in tests if c.kind != CONTRAST], runs, max_seeds, settings,
+                                       [(c.a, c.b) for c in tests])
+    added = picks.get(baseline) if RESOLVE in kinds and settings.get(baseline) is not None else None
+    new, fresh = _new(runs, scope, baseline, settings, added)
     imported = all("model" not in json.loads(c or "{}") for c in runs["config_json"])  # recorded elsewhere
     if imported and (resolve.launches or new.launches):
         resolve.lines.append(f"These runs were imported: the commands train at preset {scope.preset}'s own "

@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 from attnres.tracking.states import EARLY
 from attnres.variants.registry import VARIANTS
 from reports.depth_maps import matrix, site_name
+from reports.numbers import throughput_unit
 from reports.stats import design, finite, interval, level_text, shown
 
 # distinct colours, one per registered variant: tab10's, then the dark ones of tab20b
@@ -87,6 +88,7 @@ def _draw(ax: plt.Axes, runs: pd.DataFrame, evals: pd.DataFrame, series: dict[st
     for v, s in series.items():
         n = int(s["n"].max())
         ax.plot(s["step"], s["delta"], color=color[v], lw=1.6, ls="--" if v in deep else "-",
+                marker="o" if len(s) == 1 else None,  # one step only: a point, which a line alone would not show
                 label=f"{v} ({n} seed{'s' * (n > 1)}; band {level_text(levels.get(v, 0.95))})")
         ax.fill_between(s["step"], s["lo"], s["hi"], color=color[v], alpha=0.15, lw=0)
         for run in runs[(runs["variant"] == v) & runs["status"].isin(EARLY)].itertuples():
@@ -106,10 +108,11 @@ def _draw(ax: plt.Axes, runs: pd.DataFrame, evals: pd.DataFrame, series: dict[st
 
 def delta_curves(runs: pd.DataFrame, evals: pd.DataFrame, baseline: str, variants: list[str] | None = None,
                  deep: set[str] | None = None, bands: Mapping[str, tuple[Iterable[int] | None, float]] | None = None
-                 ) -> Figure:
+                 ) -> Figure | None:
     """Δ eval loss vs the baseline over steps: the difference of seed means as a line, its interval as a band;
     runs that ended early marked ✕ at their last eval; ``deep`` variants dashed. When a few variants are far
-    off, a second panel zooms on the close ones.
+    off, a second panel zooms on the close ones. None when no variant has a Δ at any step (nothing to draw but
+    the baseline's line: :func:`no_delta` says why).
 
     ``bands`` gives, per variant, the runs its table tested (None: all) and the confidence its decision uses,
     so that at the table's step the band is the table's interval (95% for a variant not given).
@@ -119,6 +122,8 @@ def delta_curves(runs: pd.DataFrame, evals: pd.DataFrame, baseline: str, variant
     levels = {v: bands[v][1] if v in bands else 0.95 for v in variants}
     series = {v: s for v in variants
               if not (s := delta_series(runs, evals, v, baseline, levels[v], bands.get(v, (None, 0))[0])).empty}
+    if not series:
+        return None
     near = _near(series)
     zoom = 0 < len(near) < len(series)
     fig, axes = plt.subplots(1, 2 if zoom else 1, figsize=(15 if zoom else 9, 5.2), squeeze=False)
@@ -137,15 +142,33 @@ def delta_curves(runs: pd.DataFrame, evals: pd.DataFrame, baseline: str, variant
     return fig
 
 
+def no_delta(runs: pd.DataFrame, baseline: str) -> str:
+    """Why the Δ figure is left out (:func:`delta_curves` gave None), as the document's sentence."""
+    if set(runs["variant"]) <= {baseline}:
+        return f"No Δ figure: only the baseline, {baseline}, has runs here; it has nothing to be compared with."
+    return (f"No Δ figure: no variant has an eval loss yet at a step where {baseline} has one (their runs are "
+            "queued or behind); it is drawn once one has.")
+
+
+def no_throughput(baseline: str, step: int) -> str:
+    """Why the throughput figure is left out (:func:`throughput_vs_delta` gave None), as the document's sentence."""
+    return f"No throughput figure: no variant compared with {baseline} at step {step:,} has a throughput recorded."
+
+
 def throughput_vs_delta(table: pd.DataFrame, baseline: str,
-                        intervals: Mapping[str, tuple[float, float]] | None = None) -> Figure:
+                        intervals: Mapping[str, tuple[float, float]] | None = None) -> Figure | None:
     """Tokens/s against eval-loss Δ vs the baseline: one point per variant, named in the legend (so no two
     labels can overprint), with the Δ interval of its test (``intervals``: the Evidence table's) as its bar;
-    a variant without one has no bar (one arm's spread is not the uncertainty of a difference)."""
+    a variant without one has no bar (one arm's spread is not the uncertainty of a difference). The axis is in
+    tok/s or k tok/s as the values' size asks (:func:`reports.numbers.throughput_unit`); None when no variant but
+    the baseline has a throughput recorded (nothing to set against it: :func:`no_throughput` says so)."""
     base = table[table["variant"] == baseline].iloc[0]
+    scale, unit = throughput_unit(table["tokens_per_s"])
+    if not math.isfinite(throughput_unit(table.loc[table["variant"] != baseline, "tokens_per_s"])[0]):
+        return None
     fig, ax = plt.subplots(figsize=(8.5, 5))
     for row in table.sort_values("eval").itertuples():
-        x = row.tokens_per_s / 1000
+        x = row.tokens_per_s / scale
         if not math.isfinite(x):
             continue
         delta = row.eval - base["eval"]
@@ -155,7 +178,7 @@ def throughput_vs_delta(table: pd.DataFrame, baseline: str,
         if math.isfinite(lo) and math.isfinite(hi):
             ax.vlines(x, lo, hi, color=color_of(row.variant), lw=1.5)
     ax.axhline(0, color="grey", lw=0.8)
-    ax.set_xlabel("throughput (k tok/s)")
+    ax.set_xlabel(f"throughput ({unit})")
     ax.set_ylabel(f"eval loss Δ vs {baseline} (lower is better)")
     ax.set_title("Cost vs benefit (bar: the Δ interval of the Statistical Evidence table)", fontsize=10)
     ax.grid(alpha=0.3)

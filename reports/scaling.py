@@ -228,11 +228,17 @@ def _num(x: float) -> str:
     return numbers.num(x, FIT)
 
 
+def param(name: str, x: float) -> str:
+    """A fitted parameter (or a bound of its interval) as the table and the figure's legend both write it: E at
+    or below :data:`FLOOR_AT_ZERO` is its bound, 0 (not a floor the fit found, and no '8.24e-18')."""
+    return "0" if name == "e" and x <= FLOOR_AT_ZERO else _num(x)
+
+
 def _interval(fit: Fit, name: str) -> str:
     lo_hi = fit.intervals.get(name)
     if not lo_hi:
         return numbers.MISSING
-    lo, hi = (("0" if name == "e" and x <= FLOOR_AT_ZERO else _num(x)) for x in lo_hi)  # (E's bound, not a floor)
+    lo, hi = (param(name, x) for x in lo_hi)
     return f"[{lo}, {hi}]"
 
 
@@ -250,8 +256,8 @@ def fit_table(found: dict[str, Fit]) -> pd.DataFrame:
             if outside:
                 notes.append(f"{', '.join(outside)} outside {'its' if len(outside) == 1 else 'their'} bootstrap "
                              "interval: the fit moves with the seeds drawn (add sizes or seeds)")
-            row |= {"E": _num(f.e) if f.e > FLOOR_AT_ZERO else "0", "E 95%": _interval(f, "e"),
-                    "A": _num(f.a), "A 95%": _interval(f, "a"), "α": _num(f.alpha), "α 95%": _interval(f, "alpha"),
+            row |= {"E": param("e", f.e), "E 95%": _interval(f, "e"), "A": param("a", f.a), "A 95%": _interval(f, "a"),
+                    "α": param("alpha", f.alpha), "α 95%": _interval(f, "alpha"),
                     "note": "; ".join(notes)}
         else:
             row |= dict.fromkeys(["E", "E 95%", "A", "A 95%", "α", "α 95%"], numbers.MISSING) | {"note": f.reason}
@@ -361,7 +367,7 @@ def figure(runs: pd.DataFrame, found: dict[str, Fit]) -> object:
         ax.scatter(mine["compute"], mine["loss"], color=color, s=18, label=f"{name} ({len(mine)} runs)")
         if f.ok:
             ax.plot(grid, f.loss(grid), color=color, lw=1.5,
-                    label=f"{name}: E={f.e:.3g}, α={f.alpha:.3g}")
+                    label=f"{name}: E={param('e', f.e)}, α={param('alpha', f.alpha)}")  # (as the table has them)
     from matplotlib.ticker import FormatStrFormatter
 
     ax.set_xscale("log")

@@ -301,15 +301,25 @@ def level_text(confidence: float) -> str:
 
 
 def seed_plan(a: dict[int, float], b: dict[int, float], delta: float, alpha: float = ALPHA,
-              pooled: tuple[float, int] = (math.nan, 0)) -> dict[str, object]:
+              pooled: tuple[float, int] = (math.nan, 0), complete: bool = False) -> dict[str, object]:
     """Seeds per arm to resolve ``delta`` at ``alpha``, for the design the next test will have, with the
     count at the spread's 80% upper bound beside it (both rest on few seeds).
 
     Arms holding the same 2+ seeds are planned paired (σ of the per-seed differences), as that is the
-    test they get (:func:`design`) and a plan adds the same seeds to both; otherwise Welch with the arms'
+    test they get (:func:`design`) and a plan adds the same seeds to both; with ``complete`` (a plan gives each
+    arm the seeds the other holds: :mod:`reports.pairs`), so are arms sharing 2+ seeds, from the differences
+    over those, for at least the seeds the two hold between them; otherwise Welch with the arms'
     spread, or ``pooled`` (std, degrees of freedom: the scope's seed spread) when neither arm has two
     seeds. Returns design, need, upper, basis.
     """
+    shared = sorted(set(a) & set(b))
+    if complete and design(a, b) != PAIRED and len(shared) >= 2:
+        diffs = np.array([a[s] - b[s] for s in shared], dtype=float)
+        sd, df, least = float(np.std(diffs, ddof=1)), len(diffs) - 1, len(set(a) | set(b))
+        need, upper = (max(float(least), x) if x == x else x
+                       for x in (pairs_needed(delta, sd, alpha), pairs_needed(delta, sd_upper(sd, df), alpha)))
+        return {"design": PAIRED, "need": need, "upper": upper,
+                "basis": f"σ of {len(diffs)} paired differences, once each arm holds the other's seeds"}
     if design(a, b) == PAIRED:
         diffs = np.array([a[s] - b[s] for s in sorted(a)], dtype=float)
         sd, df = float(np.std(diffs, ddof=1)), len(diffs) - 1
@@ -371,4 +381,5 @@ def stars(delta: float) -> str:
 
 
 STARS_RULE = ("Quality: one ★ for any improvement over the baseline plus one per 0.010 of eval loss, "
-              "down to the half star, at most five (−0.034 ★★★★, −0.025 ★★★½); ☆ is no improvement.")
+              "down to the half star, at most five (−0.034 ★★★★, −0.025 ★★★½); ☆ is no improvement. Stars of an "
+              "improvement not resolved against the baseline read ★★★★ (tentative).")

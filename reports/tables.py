@@ -11,7 +11,8 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from reports.numbers import DELTA, LOSS, SPREAD, num, throughput_text
+from reports import identity
+from reports.numbers import DELTA, LOSS, SPREAD, TOKS, TOKS_NOTE, num, throughput_text
 from reports.stats import ReportError, eval_at, mean_ci, shown, versus
 
 
@@ -48,7 +49,12 @@ def per_variant(runs: pd.DataFrame, evals: pd.DataFrame, step: int, variants: li
             "peak_memory_bytes": info.loc[ids, "peak_memory_bytes"].mean(),
             "mark": "; ".join(marks),
         })
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    same = identity.same_models(runs)  # (over the whole scope: an arm is one model whatever it is set beside)
+    for i, variant in enumerate(out["variant"] if not out.empty else []):
+        if variant in same:  # one model under two names: footnoted, and out of every ranking and test
+            out.at[i, "mark"] = "; ".join(m for m in (out.at[i, "mark"], identity.note(same[variant])) if m)
+    return out
 
 
 def train_at(evals: pd.DataFrame, info: pd.DataFrame, at: pd.DataFrame) -> pd.Series:
@@ -94,8 +100,8 @@ def completed(table: pd.DataFrame, baseline: str, behind: list[tuple[str, int, i
     t = t.sort_values(["marked", "eval"], kind="stable")
     star = {m: "*" * (i + 1) for i, m in enumerate(dict.fromkeys(m for m in t["mark"] if m))}
     going: dict[str, list[str]] = {}
-    for variant, seed, step in behind or []:
-        going.setdefault(variant, []).append(f"s{seed} in progress, step {step:,}")
+    for variant, seed, at in behind or []:  # ``at``, not ``step``: the header below names the table's step
+        going.setdefault(variant, []).append(f"s{seed} in progress, step {at:,}")
     out = pd.DataFrame({
         "Variant": t["variant"],
         "Eval Loss": [value_text(e, s, seeds) + star.get(m, "")
@@ -107,9 +113,9 @@ def completed(table: pd.DataFrame, baseline: str, behind: list[tuple[str, int, i
             for x, m in zip(t["train"], t["mark"], strict=True)],
         "Seeds": [_fmt_seeds(s) + "".join(f"; {g}" for g in going.get(v, []))
                   for v, s in zip(t["variant"], t["seeds"], strict=True)],
-        "Throughput": [throughput_text(x) for x in t["tokens_per_s"]],
+        TOKS: [throughput_text(x) for x in t["tokens_per_s"]],
     })
-    out.attrs["footnotes"] = [f"{s}{m}." for m, s in star.items()]
+    out.attrs["footnotes"] = [f"{s}{m}." for m, s in star.items()] + [TOKS_NOTE]
     return out.reset_index(drop=True)
 
 
@@ -149,11 +155,13 @@ def family(table: pd.DataFrame, baseline: str, label: str = "Shallow",
     (variant -> total, non_embedding), each model's parameter difference from the baseline's."""
     base = baseline_row(table, baseline)
     t = table.sort_values("eval", kind="stable")
+    twin = dict(zip(t["variant"], [identity.same_as(m) for m in t["mark"]], strict=True))  # one model, two names
     step_col = f"Eval @ {int(table.attrs.get('step', 0))}" if "step" in table.attrs else "Eval"
     out = pd.DataFrame({
-        "Model": [f"{label} {v}" if v == baseline else v for v in t["variant"]],
+        "Model": [f"{label} {v}" if v == baseline else f"{v} (same model as {twin[v]})" if twin[v] else v
+                  for v in t["variant"]],
         step_col: [value_text(e, s, seeds) for e, s, seeds in zip(t["eval"], t["std"], t["seeds"], strict=True)],
-        f"Δ vs {label} Baseline": ["—" if v == baseline else f"{shown(e - base['eval']):{DELTA}}"
+        f"Δ vs {label} Baseline": ["—" if v == baseline or twin[v] else f"{shown(e - base['eval']):{DELTA}}"
                                    for v, e in zip(t["variant"], t["eval"], strict=True)],
     })
     if params and baseline in params:

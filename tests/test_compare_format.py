@@ -67,7 +67,7 @@ def test_compare_markdown_has_integer_steps_and_counts_dashes_and_gib(seed_db, c
         shown = re.fullmatch(r"(\d+\.(\d+)) GiB", cell)
         assert shown, cell
         assert abs(float(shown[1]) - mem / 2**30) <= 0.5 * 10 ** -len(shown[2]), (cell, mem)
-        assert cost[variant]["tok/s"] == f"{tps / 1000:.0f}k tok/s"
+        assert cost[variant]["mean tok/s"] == f"{tps / 1000:.0f}k tok/s"
     assert cost["block_hybrid_memory"]["memory vs first"] == f"{(120 / 49 - 1) * 100:+.0f}%"
     assert "120000000000" not in text and "120,000,000,000" not in text
 
@@ -98,7 +98,7 @@ def test_a_loss_is_printed_the_same_in_the_report_and_in_compare(seed_db, capsys
     assert every["block_hybrid_memory"]["std"] == multi["Std"]["Eval Loss @ 6000"]
     # throughput: the report's Throughput cell
     cost = {r["variant"]: r for r in table(compare, "## Throughput and memory")}
-    assert cost["block_hybrid_memory"]["tok/s"] == results["block_hybrid_memory"]["Throughput"]
+    assert cost["block_hybrid_memory"]["mean tok/s"] == results["block_hybrid_memory"]["mean tok/s"]
 
 
 def test_compare_on_the_terminal_writes_numbers_as_the_markdown_does(seed_db, capsys, monkeypatch):
@@ -110,7 +110,8 @@ def test_compare_on_the_terminal_writes_numbers_as_the_markdown_does(seed_db, ca
         assert raw not in out, raw
     assert "45.63 GiB" in out and "111.76 GiB" in out and "459k tok/s" in out and "197k tok/s" in out
     assert re.search(r"│\s+6,000 │\s+2\.691 │\s+2\.716 │\s+\+0\.0\d\d │", out), out
-    assert re.search(r"│ standard\s+│ 459k tok/s │\s+45\.63 GiB │\s+\+133% │\s+-59% │", out), out
+    assert re.search(r"│ standard\s+│ 459k tok/s │\s+45\.63 GiB │\s+\+133% \(one run of standard: spread unknown\)"
+                     r"\s+│\s+-59% │", out), out
 
 
 def test_paired_arms_and_unmeasured_costs(workdir, capsys, monkeypatch):
@@ -131,7 +132,7 @@ def test_paired_arms_and_unmeasured_costs(workdir, capsys, monkeypatch):
     assert every["paired_n"] == "3" and re.fullmatch(r"-?\d+\.\d{4}", every["paired_t"])
     assert every["delta_low"] == arm["Δ interval"][1:7]
     cost = {r["variant"]: r for r in table(text, "## Throughput and memory")}["control_block"]
-    assert cost["tok/s"] == cost["peak memory"] == cost["tok/s vs first"] == cost["memory vs first"] == "—"
+    assert cost["mean tok/s"] == cost["peak memory"] == cost["tok/s vs first"] == cost["memory vs first"] == "—"
     assert [r["step"] for r in table(text, "## Eval loss at common steps")] == ["0", "50", "100"]
 
 

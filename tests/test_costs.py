@@ -51,7 +51,8 @@ def test_runs_at_different_thread_counts_are_not_compared_and_a_paired_bench_dec
     cli_here("report", "--out", "r.md", "--no-plots", check=True)
     text = open("r.md").read()
     row = cost_rows(text)["control_block"]
-    assert row[2] == f"not comparable: threads 1, {fit} vs {fit}"  # no figure made up
+    assert row[2].startswith(f"not comparable: threads 1, {fit} vs {fit}")  # no figure made up (and a busy
+    # machine's load may be named after it)
     assert re.fullmatch(r"[+-]\d+%", row[3])  # memory does not depend on the threads: compared as recorded
     assert "Best quality/cost ratio" not in row[4]  # a cost not measured alike ranks nothing
     # the note gives the command that measures it: the runs' model, side by side on this machine
@@ -98,7 +99,7 @@ def test_like_with_like_rules():
     runs, evals = _table({("standard", 1): [GPU], ("control_block", 1): [GPU], ("control_block", 2): [GPU]})
     table = per_variant(runs, evals, 100)
     out = cost_benefit(table, "standard", runs=runs, preset="paper500m")
-    assert list(out[SPEED]) == ["-20%"] and list(out[MEMORY]) == ["+50%"]
+    assert list(out[SPEED]) == ["-20% (one run of standard: spread unknown)"] and list(out[MEMORY]) == ["+50%"]
     assert "Every run here: NVIDIA H100 x 8, 4 thread(s), bfloat16, compiled." in out.attrs["note"]
     # another device model: neither figure, and the cell says what differs
     other = GPU | {"device": "NVIDIA A100"}
@@ -113,7 +114,7 @@ def test_like_with_like_rules():
     # on GPUs the CPU threads hardly matter: not held against the figures
     runs, evals = _table({("standard", 1): [GPU], ("control_block", 1): [GPU | {"threads": 8}]})
     out = cost_benefit(per_variant(runs, evals, 100), "standard", runs=runs, preset="paper500m")
-    assert out[SPEED].iloc[0] == "-20%"
+    assert out[SPEED].iloc[0] == "-20% (one run per arm: spread unknown)"
     # on a CPU they do: a bench on the runs' device decides the speed; memory does not depend on them
     cpu = {"device": "cpu: Xeon", "world_size": 1, "threads": 2, "compile": False, "dtype": "float32"}
     runs, evals = _table({("standard", 1): [cpu], ("control_block", 1): [cpu | {"threads": 1}],
@@ -132,7 +133,7 @@ def test_like_with_like_rules():
     # runs recorded elsewhere without conditions: divided as recorded, marked, and the note says so
     runs, evals = _table({("standard", 1): None, ("control_block", 1): None})
     out = cost_benefit(per_variant(runs, evals, 100), "standard", runs=runs)
-    assert out[SPEED].iloc[0] == "-20% (conditions not recorded)"
+    assert out[SPEED].iloc[0] == "-20% (one run per arm: spread unknown; conditions not recorded)"
     assert "control_block and standard: their runs recorded no conditions" in out.attrs["note"]
     assert costs.differences([[GPU]], [[]], ("device",)) == "device NVIDIA H100 vs not recorded"
     # a run resumed by this version after training under an older one: its first steps' conditions are unknown
@@ -164,9 +165,10 @@ def test_stars_and_labels_follow_the_printed_delta(workdir):
     assert len(rows) == len(names) + 1  # (the header row)
     for variant in names:
         quality, verdict = rows[variant][1], rows[variant][4]
-        printed = float(quality.split("(")[1].rstrip(")"))
+        printed = float(quality.rsplit("(", 1)[1].rstrip(")"))
         assert quality.split(" (")[0] == stars(printed), quality
-        assert verdict.startswith("Not worth it") == (printed >= 0), (quality, verdict)
+        # (+0.00049 prints as +0.000 and is resolved higher: it says so)
+        assert verdict.startswith(("Not worth it", "Worse")) == (printed >= 0), (quality, verdict)
         if -printed >= 0.020:
             assert not verdict.startswith(("Modest", "Not worth it")), (quality, verdict)
         elif printed < 0 and "Best" not in verdict:

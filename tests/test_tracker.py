@@ -97,7 +97,7 @@ def test_status_lists_the_active_runs_and_the_most_recent_with_their_latest_valu
     rows, total = status_rows(runs, recent=20)
     assert total == 31 and [r["run"] for r in rows] == [queued, *ids[-20:]]
     last = rows[-1]
-    assert (last["train loss"], last["eval loss"], last["tok/s"]) == ("5.000", f"{ids[-1]:.3f}", "—")
+    assert (last["train loss"], last["eval loss"], last["mean tok/s"]) == ("5.000", f"{ids[-1]:.3f}", "—")
     every, _ = status_rows(runs, recent=None)
     assert [r["run"] for r in every] == [queued, *ids]
 

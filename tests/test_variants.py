@@ -373,7 +373,7 @@ def test_variants_params_at_deep48_lists_the_deep_variants_as_refused():
     from attnres.variants.describe import variant_rows
 
     rows = {r["variant"]: r for r in variant_rows("deep48")}
-    assert rows["control_block"]["shape"] == "48L d1080"
+    assert rows["control_block"]["shape"].startswith("48L d1080 h")
     refused = [v for v, r in rows.items() if r["shape"] == "refused"]
     assert refused == ["deep_baseline", "deep_control_block", "deep_hybrid_memory"]
     assert all("use --preset paper500m" in rows[v]["total"] for v in refused)

@@ -195,8 +195,9 @@ def reopen(store: RunStore, run_ids: Sequence[int], restart: bool = False) -> li
                         else f"retraining the steps it lacks from step {hole}: no checkpoint before them, starting "
                              "over from step 0 (its checkpoints are set aside, kept)" if hole is not None and at is None
                         else f"from step {at} of {r.total_steps} (its last checkpoint)" if at is not None
-                        else "no checkpoint: starting over from step 0 (what it recorded stays until the new "
-                             "attempt trains)"))
+                        else "no checkpoint: starting over from step 0" + (
+                            " (what it recorded stays until the new attempt trains)"
+                            if store.latest_values([r.id], ["train_loss", "eval_loss"]).get(r.id) else "")))
     return lines
 
 

@@ -25,7 +25,7 @@ def _fmt(x: float | None, spec: str) -> str:
 
 RECENT = 20  # runs `attnres status` lists beside the active ones, unless --all
 GONE_MARK = " — process gone, end not recorded"  # beside a running run's state: see unrecorded()
-KEYS = ["train_loss", "eval_loss", "tokens_per_s", "peak_memory_bytes"]
+KEYS = ["train_loss", "eval_loss", "peak_memory_bytes"]  # (tok/s: the mean of its logged intervals)
 
 
 def status_rows(store: RunStore, experiment: str | None = None, preset: str | None = None,
@@ -41,6 +41,7 @@ def status_rows(store: RunStore, experiment: str | None = None, preset: str | No
     """
     runs, total = store.status_runs(experiment, preset, recent)
     last = store.latest_values([int(r["id"]) for r in runs], KEYS)
+    mean = store.mean_values([int(r["id"]) for r in runs], ["tokens_per_s"])  # (as a report gives a run's)
     cells = grid.cell_labels([(r["experiment"], r["preset"], r["total_steps"]) for r in runs],
                              [str(r["variant"]) for r in runs], [grid.settings(r["config_json"]) for r in runs])
     old = superseded_runs([(str(r["variant"]), str(r["config_json"])) for r in runs])
@@ -57,7 +58,7 @@ def status_rows(store: RunStore, experiment: str | None = None, preset: str | No
             + (GONE_MARK if r["status"] == states.RUNNING and int(r["id"]) in (gone or {}) else ""),
             "seed": r["seed"], "step": f"{r['step']}/{r['total_steps']}",
             "train loss": _fmt(m.get("train_loss"), ".3f"), "eval loss": _fmt(m.get("eval_loss"), ".3f"),
-            "tok/s": _fmt(m.get("tokens_per_s"), ",.0f"),
+            "mean tok/s": _fmt(mean[int(r["id"])].get("tokens_per_s"), ",.0f"),
             "memory MiB": _fmt(None if memory is None else memory / 2**20, ",.0f"),
         })
     return rows, total

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import Engine, bindparam, column, func, select, table
+from sqlalchemy import Engine, Select, bindparam, column, func, select, table
 
 from attnres.tracking.states import ACTIVE
 
@@ -52,15 +52,29 @@ def status_runs(engine: Engine, experiment: str | None = None, preset: str | Non
 def latest_values(engine: Engine, run_ids: Sequence[int], keys: Sequence[str]) -> dict[int, dict[str, float]]:
     """Each run's newest value of each key: one primary-key lookup per (run, key), never a scan of the
     run's steps (a thousand runs of long curves answer in milliseconds)."""
+    m = METRICS.c
+    last = (select(m.value).where(m.run_id == bindparam("run"), m.key_id == bindparam("key"))
+            .order_by(m.step.desc()).limit(1))
+    return _each(engine, run_ids, keys, last)
+
+
+def mean_values(engine: Engine, run_ids: Sequence[int], keys: Sequence[str]) -> dict[int, dict[str, float]]:
+    """Each run's mean of each key over its logged values (a primary-key range per (run, key)): for
+    ``tokens_per_s`` the mean over the run's timed logged intervals, the figure a report gives a run."""
+    m = METRICS.c
+    return _each(engine, run_ids, keys, select(func.avg(m.value)).where(m.run_id == bindparam("run"),
+                                                                         m.key_id == bindparam("key")))
+
+
+def _each(engine: Engine, run_ids: Sequence[int], keys: Sequence[str], query: Select) -> dict[int, dict[str, float]]:
+    """``query`` (one value, bound to ``run`` and ``key``) for each run and key: {run: {key: value}}."""
     out: dict[int, dict[str, float]] = {r: {} for r in run_ids}
-    m, k = METRICS.c, METRIC_KEYS.c
     with engine.connect() as conn:
+        k = METRIC_KEYS.c
         ids = dict(conn.execute(select(k.name, k.id).where(k.name.in_(list(keys)))).all())
-        last = (select(m.value).where(m.run_id == bindparam("run"), m.key_id == bindparam("key"))
-                .order_by(m.step.desc()).limit(1))
         for run_id in run_ids:
             for name, key_id in ids.items():
-                value = conn.execute(last, {"run": run_id, "key": key_id}).scalar()
+                value = conn.execute(query, {"run": run_id, "key": key_id}).scalar()
                 if value is not None:
                     out[run_id][name] = float(value)
     return out

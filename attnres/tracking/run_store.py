@@ -234,6 +234,10 @@ class RunStore:
         """Each run's last value of each key (status's columns)."""
         return listing.latest_values(self._engine, run_ids, keys)
 
+    def mean_values(self, run_ids: Sequence[int], keys: Sequence[str]) -> dict[int, dict[str, float]]:
+        """Each run's mean of each key over its logged values (status's tok/s, as a report gives it)."""
+        return listing.mean_values(self._engine, run_ids, keys)
+
     def any_active(self) -> bool:
         """Whether some run is queued or running."""
         return listing.any_active(self._engine)

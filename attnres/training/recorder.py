@@ -7,11 +7,16 @@ snapshot) and each change are in the spool first.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
 import threading
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+import psutil
 
 from attnres.errors import AttnresError
 from attnres.logline import say
@@ -35,16 +40,71 @@ class NotStarted(AttnresError):
         super().__init__(f"run {run_id} was {how} before its trainer started; nothing to do")
 
 
-class Heartbeat(threading.Thread):
-    """Refresh the run's heartbeat every few seconds, so a dead run is noticed even between logs."""
+def _machine_busy() -> float:
+    """Core-seconds every CPU of the machine has been busy (idle and I/O wait left out; guests are in user)."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - sum(getattr(t, f, 0.0) for f in ("iowait", "guest", "guest_nice"))
 
-    def __init__(self, writer: MetricWriter, every: float = HEARTBEAT_S) -> None:
+
+def _own_busy(with_siblings: bool = False) -> float:
+    """Core-seconds this process (its threads; not its children) has used, with its sibling ranks' if asked."""
+    me = psutil.Process()
+    procs = [me] + ([p for p in (me.parent().children() if me.parent() else []) if p.pid != me.pid]
+                    if with_siblings else [])
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:  # (a sibling that ended)
+            continue
+    return total
+
+
+class LoadSampler:
+    """Other processes' mean share of the machine's CPU (0..1) between the first and the last :meth:`sample`:
+    the machine's busy core-seconds less this process's (and, under DDP, its sibling ranks'), over the wall
+    time times the machine's cores. The heartbeat samples it; a run records it with its conditions."""
+
+    def __init__(self, machine: Callable[[], float] = _machine_busy, own: Callable[[], float] = _own_busy,
+                 cores: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.machine, self.own, self.clock = machine, own, clock
+        self.cores = cores or psutil.cpu_count() or 1
+        self.lock = threading.Lock()
+        self.others = self.seconds = 0.0
+        self.last: tuple[float, float, float] | None = None
+
+    def sample(self) -> None:
+        try:
+            now = (self.clock(), self.machine(), self.own())
+        except (psutil.Error, OSError):
+            return
+        with self.lock:
+            if self.last is not None and now[0] > self.last[0]:
+                self.seconds += now[0] - self.last[0]
+                self.others += max(0.0, (now[1] - self.last[1]) - (now[2] - self.last[2]))
+            self.last = now
+
+    def share(self) -> float | None:
+        """The mean share so far; None before two samples."""
+        with self.lock:
+            return min(1.0, self.others / (self.seconds * self.cores)) if self.seconds > 0 else None
+
+
+class Heartbeat(threading.Thread):
+    """Refresh the run's heartbeat every few seconds, so a dead run is noticed even between logs; and sample
+    the load other processes put on the machine meanwhile (``load``)."""
+
+    def __init__(self, writer: MetricWriter, every: float = HEARTBEAT_S, load: LoadSampler | None = None) -> None:
         super().__init__(daemon=True, name="attnres-heartbeat")
         self.writer, self.every = writer, every
         self.stopped = threading.Event()
+        self.load = load or LoadSampler()
+        self.load.sample()
 
     def run(self) -> None:
         while not self.stopped.wait(self.every):
+            self.load.sample()
             self.writer.update_run(heartbeat_at=states.now())
 
 
@@ -53,8 +113,9 @@ class RunRecorder:
 
     def __init__(self, store: RunStore, run_id: int, world_size: int = 1, device: str | None = None,
                  conditions: dict[str, object] | None = None) -> None:
-        self.store, self.run_id = store, run_id
+        self.store, self.run_id, self.conditions = store, run_id, conditions
         run = store.run(run_id)
+        self.conditions_json = speed.merged(run.conditions_json, conditions, run.step > 0) if conditions else None
         self.rule = json.loads(run.rule_json) if run.rule_json else None
         self.scope = {"experiment": run.experiment, "preset": run.preset, "total_steps": run.total_steps}
         specs = json.loads(run.mirrors_json) if run.mirrors_json else []
@@ -71,14 +132,13 @@ class RunRecorder:
             self.writer.keep_snapshot(store.run_fields(run_id))  # should the database be lost
             self.writer.transition(states.RUNNING, started_at=states.now(), heartbeat_at=states.now(),
                                    pid=os.getpid(), host=socket.gethostname(), world_size=world_size, device=device,
-                                   **({"conditions_json": speed.merged(run.conditions_json, conditions, run.step > 0)}
-                                      if conditions else {}))
+                                   **({"conditions_json": self.conditions_json} if conditions else {}))
             started = self.writer.flush()
         if started and self.writer.refused:  # killed (or ended) before it could start: do not train
             was = self.writer.refused[0][1]
             self.writer.close()
             raise NotStarted(run_id, was)
-        self.heartbeat = Heartbeat(self.writer)
+        self.heartbeat = Heartbeat(self.writer, load=LoadSampler(own=functools.partial(_own_busy, world_size > 1)))
         self.heartbeat.start()
 
     # -- the loop's Recorder protocol -------------------------------------------------------------
@@ -127,6 +187,11 @@ class RunRecorder:
 
     def _end(self, status: str, fields: dict[str, object]) -> bool:
         self.heartbeat.stopped.set()
+        load = self.heartbeat.load
+        load.sample()
+        if self.conditions and self.conditions_json and (share := load.share()) is not None:  # the load it had
+            fields = fields | {"conditions_json": speed.with_load(self.conditions_json, self.conditions, share,
+                                                                  load.seconds)}
         self.writer.transition(status, **fields)
         ok = self.writer.close()
         on_end.wait()  # the --on-end command the recorded end started (the trainer leaves without teardown)

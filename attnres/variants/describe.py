@@ -29,6 +29,10 @@ PARAMS_NOTE = ("Depth-attention parameters. step queries: those of the layers' (
                "over (fewest-most). The first layer's site attends to the embedding alone, so its query row "
                "has no effect.")
 REFERENCE = "control_block"
+SHAPE_NOTE = ("Deep variants apply their shape rule to the settings given: 2x the layers of the preset, or of "
+              "--set n_layer, at ~0.70 of its width (or --set d_model), heads kept; --set of a residual setting "
+              "(block_size, window, ...) changes the variant's wiring after it. `attnres launch --dry-run` prints each "
+              "run's model, and `attnres variants --params --set KEY=VALUE` counts it.")
 
 
 def changes(name: str) -> str:
@@ -43,7 +47,19 @@ def changes(name: str) -> str:
     return "; ".join(value for trait, value in have.items() if trait != "depth_attention")
 
 
-def variant_rows(preset: str | None) -> list[dict[str, object]]:
+def shape(cfg: ModelConfig) -> str:
+    """'8L d48 h4': layers, width and heads."""
+    return f"{cfg.n_layer}L d{cfg.d_model} h{cfg.n_head}"
+
+
+def model_line(cfg: ModelConfig) -> str:
+    """What a run trains, in one line: its layers, width, heads and parameters."""
+    params = model_params(cfg)
+    return (f"model: {cfg.n_layer} layers, width {cfg.d_model}, {cfg.n_head} heads, {params['total']:,} parameters "
+            f"({params['non_embedding']:,} non-embedding)")
+
+
+def variant_rows(preset: str | None, overrides: list[str] | None = None) -> list[dict[str, object]]:
     """Name, description, revision, what it changes against control_block and depth sources (min-max over
     sites); at a preset, parameters.
 
@@ -52,10 +68,10 @@ def variant_rows(preset: str | None) -> list[dict[str, object]]:
     """
     aliases = {v: [a for a, t in ALIASES.items() if t == v] for v in VARIANTS}
     rows = []
-    reference = model_params(resolve_run(REFERENCE, preset, 0).model) if preset else {}
+    reference = model_params(resolve_run(REFERENCE, preset, 0, overrides).model) if preset else {}
     for name, v in VARIANTS.items():
         try:
-            cfg = resolve_run(name, preset or "tiny", 0).model
+            cfg = resolve_run(name, preset or "tiny", 0, overrides).model
         except AttnresError as exc:  # a deep variant on a preset that is already deep
             rows.append({"variant": name, "shape": "refused", "sources": "—", **dict.fromkeys(PARAM_COLUMNS, "—"),
                          "depth": "—", "total": f"{exc}".split(": ")[-1], "non-embedding": "—",
@@ -64,7 +80,7 @@ def variant_rows(preset: str | None) -> list[dict[str, object]]:
         counts = depth_sources(cfg)
         sources = f"{min(counts)}-{max(counts)}" if counts else "all"
         if preset:  # a parameter table: the descriptions and aliases are in the plain listing
-            rows.append({"variant": name, "shape": f"{cfg.n_layer}L d{cfg.d_model}", "sources": sources,
+            rows.append({"variant": name, "shape": shape(cfg), "sources": sources,
                          **_param_columns(cfg, reference)})
         else:
             rows.append({"variant": name + (f" ({', '.join(aliases[name])})" if aliases[name] else ""),
@@ -130,7 +146,7 @@ FLOPS_NOTE = ("Training compute (attnres.model.flops): FLOPs/token is 3 forward 
               "report --scaling` fits against (the trainer records it as train_flops).")
 
 
-def flops_rows(preset: str) -> list[dict[str, str]]:
+def flops_rows(preset: str, overrides: list[str] | None = None) -> list[dict[str, str]]:
     """Each variant's training compute at ``preset`` (:mod:`attnres.model.flops`): per token, the depth
     attention's part, over the preset's steps, and against standard."""
     from attnres.model.flops import depth_flops_per_token, forward_flops_per_token, training_flops
@@ -138,13 +154,13 @@ def flops_rows(preset: str) -> list[dict[str, str]]:
     rows, base = [], None
     for name in VARIANTS:
         try:
-            run = resolve_run(name, preset, 0)
+            run = resolve_run(name, preset, 0, overrides)
         except AttnresError:
             continue
         non_embedding = model_params(run.model)["non_embedding"]
         total = training_flops(run, non_embedding)
         base = total if name == "standard" else base
-        rows.append({"variant": name, "shape": f"{run.model.n_layer}L d{run.model.d_model}",
+        rows.append({"variant": name, "shape": shape(run.model),
                      "FLOPs/token": f"{3 * forward_flops_per_token(run.model, non_embedding):,}",
                      "depth FLOPs/token": f"{3 * depth_flops_per_token(run.model):,}",
                      "train FLOPs": f"{total:.4g}", "_total": total})

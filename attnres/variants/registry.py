@@ -23,7 +23,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 
-from attnres.config import ModelConfig, Preset, ResidualSpec, RunConfig, apply_overrides, get_preset
+from attnres.config import (
+    ModelConfig,
+    Preset,
+    ResidualSpec,
+    RunConfig,
+    apply_overrides,
+    get_preset,
+    residual_overrides,
+)
 from attnres.errors import AttnresError, unknown
 
 # Block AttnRes as the results document runs it: blocks of 3 layers, mean summaries, the current
@@ -196,14 +204,19 @@ def get_variant(name: str) -> Variant:
 
 def resolve_run(variant: str, preset: str, seed: int, overrides: list[str] | None = None,
                 data: str = "builtin", experiment: str = "") -> RunConfig:
-    """Build the full config of one run: preset, then variant, then ``key=value`` overrides.
+    """Build the full config of one run: the preset with the ``key=value`` overrides of its shape and training,
+    then the variant's rule applied to that shape (a deep variant doubles the *given* layers at ~0.70 of the
+    *given* width, heads kept: ``--set n_layer=2`` makes deep_baseline 4 layers, never the shallow model), then
+    overrides of the residual's wiring (``block_size=4``).
 
     ``experiment`` names the experiment (default: the preset's); the default one is left out of the
     config hash, so runs made before experiments existed keep theirs.
     """
     p = get_preset(preset)
     v = get_variant(variant)
-    model, train = apply_overrides(v.apply(p), p.train, overrides or [])
+    shape, wiring = residual_overrides(overrides or [])
+    given, train = apply_overrides(p.model, p.train, shape)
+    model, train = apply_overrides(v.apply(replace(p, model=given)), train, wiring)
     return RunConfig(variant=v.name, preset=p.name, seed=seed, model=model, train=train, data=data,
                      revision=v.revision, experiment="" if experiment == p.name else experiment)
 

@@ -61,14 +61,14 @@ def analyse(runs: pd.DataFrame, evals: pd.DataFrame, scope: Scope, baseline: str
     main = choose(main_runs, evals, shallow, baseline, step)
     if main is None:
         raise ReportError(too_early(runs, baseline))
-    table = per_variant(main_runs, evals, main.step, None)
+    table = per_variant(main_runs, evals, main.step, None, baseline)
     group = comparisons.Group(table, main.step, partial(main, scope.budget))
     deep_choice, deep_table, deep_group = None, None, None
     deep_runs = runs[runs["variant"].isin([*deep, baseline])]
     if set(deep) & set(deep_runs["variant"]):
         deep_choice = choose(deep_runs, evals, deep, baseline)
         if deep_choice is not None and len(deep_choice.compared) >= 2:
-            deep_table = per_variant(deep_runs, evals, deep_choice.step, deep_choice.compared)
+            deep_table = per_variant(deep_runs, evals, deep_choice.step, deep_choice.compared, baseline)
             deep_table.attrs.update(step=deep_choice.step, partial=partial(deep_choice, scope.budget))
             deep_group = comparisons.Group(deep_table, deep_choice.step, partial(deep_choice, scope.budget))
     future = len(plans.never_run(runs, scope, baseline)[0]) if plans.NEW in kinds else 0  # joining the family

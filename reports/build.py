@@ -275,7 +275,7 @@ def _figures(inp: Inputs, folder: Path, analysis: Analysis, link: Path) -> dict[
     shallow = [v for v in sorted(set(inp.runs["variant"])) if v not in inp.deep]
     choice = choose(inp.runs, inp.evals, shallow, inp.baseline, inp.step)
     if choice is not None:
-        table = per_variant(inp.runs, inp.evals, choice.step, choice.compared)
+        table = per_variant(inp.runs, inp.evals, choice.step, choice.compared, inp.baseline)
         table = table[table["mark"] == ""]
         ids = [r for ids in table["run_ids"] for r in ids.values()]
         sets = [costs.condition_sets(c) for c in inp.runs.set_index("id").loc[ids, "conditions_json"]]

@@ -75,7 +75,7 @@ def document(runs: pd.DataFrame, evals: pd.DataFrame, baseline: str, budget: int
         out.append(assess(Comparison(ranked[0], ranked[1], TOP_TWO, main.step, main.partial),
                           rows[ranked[0]], rows[ranked[1]], runs, plans))
         done |= {(ranked[0], ranked[1]), (ranked[1], ranked[0])}
-    same = identity.same_models(runs)  # one model under two names: no contrast of its traits
+    same = identity.same_models(runs, prefer=[baseline])  # one model under two names: no contrast of its traits
     for a, b, added in traits.contrasts(sorted(set(runs["variant"]))):
         if (a, b) in done or (b, a) in done or a in same or b in same:  # (another baseline's primary test)
             continue
@@ -89,7 +89,7 @@ def document(runs: pd.DataFrame, evals: pd.DataFrame, baseline: str, budget: int
                 out.append(Comparison(a, b, CONTRAST, 0, traits=added))  # no eval of both: not yet testable
                 continue
             try:
-                table = per_variant(runs, evals, step, [a, b])
+                table = per_variant(runs, evals, step, [a, b], baseline)
             except ReportError:
                 continue
             rows, partial = {str(r["variant"]): r for _, r in table.iterrows()}, step < budget

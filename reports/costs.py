@@ -169,6 +169,11 @@ def _bench(benches: pd.DataFrame, variant: str, baseline: str, on: str | None) -
     return None
 
 
+def _change(mine: float, base: float) -> float:
+    """``mine`` against ``base`` in %; NaN where the baseline's figure is 0 or missing (nothing to divide by)."""
+    return (float(mine) / float(base) - 1) * 100 if math.isfinite(float(base)) and float(base) else math.nan
+
+
 def cost(variant: str, baseline: str, table: pd.DataFrame, runs: pd.DataFrame, benches: pd.DataFrame) -> Cost:
     """``variant``'s speed and memory change against ``baseline`` from like with like (see the module)."""
     rows = table.set_index("variant")
@@ -187,11 +192,11 @@ def cost(variant: str, baseline: str, table: pd.DataFrame, runs: pd.DataFrame, b
     blind = "conditions not recorded" if unrecorded(a + b) else ""
     out = Cost(speed_from=blind, memory_from=blind)
     if same_speed:
-        out.speed = (rows.at[variant, "tokens_per_s"] / rows.at[baseline, "tokens_per_s"] - 1) * 100
+        out.speed = _change(rows.at[variant, "tokens_per_s"], rows.at[baseline, "tokens_per_s"])
         out.speed_from = "; ".join(x for x in (noise(speeds(variant), speeds(baseline), (variant, baseline)),
                                                blind) if x)
     if same_memory:
-        out.memory = (rows.at[variant, "peak_memory_bytes"] / rows.at[baseline, "peak_memory_bytes"] - 1) * 100
+        out.memory = _change(rows.at[variant, "peak_memory_bytes"], rows.at[baseline, "peak_memory_bytes"])
     if same_speed and same_memory:
         return out
     found = _bench(benches, variant, baseline, device(a + b))

@@ -21,9 +21,11 @@ def _fmt_seeds(seeds: list[int]) -> str:
     return f"{len(seeds)} {word} ({', '.join(str(s) for s in seeds)})"
 
 
-def per_variant(runs: pd.DataFrame, evals: pd.DataFrame, step: int, variants: list[str] | None = None) -> pd.DataFrame:
+def per_variant(runs: pd.DataFrame, evals: pd.DataFrame, step: int, variants: list[str] | None = None,
+                baseline: str | None = None) -> pd.DataFrame:
     """One row per variant at ``step``: seed values, their mean and std, final train loss, throughput,
-    memory, and the mark of runs that ended early."""
+    memory, and the mark of runs that ended early, or of an arm that trained another's model (never the
+    ``baseline``'s: it keeps its name, its twin is marked)."""
     at = eval_at(runs, evals, step)
     if variants is not None:
         at = at[at["variant"].isin(variants)]
@@ -50,7 +52,8 @@ def per_variant(runs: pd.DataFrame, evals: pd.DataFrame, step: int, variants: li
             "mark": "; ".join(marks),
         })
     out = pd.DataFrame(rows)
-    same = identity.same_models(runs)  # (over the whole scope: an arm is one model whatever it is set beside)
+    # (over the whole scope: an arm is one model whatever it is set beside)
+    same = identity.same_models(runs, prefer=[baseline] if baseline else [])
     for i, variant in enumerate(out["variant"] if not out.empty else []):
         if variant in same:  # one model under two names: footnoted, and out of every ranking and test
             out.at[i, "mark"] = "; ".join(m for m in (out.at[i, "mark"], identity.note(same[variant])) if m)

@@ -42,9 +42,9 @@ RULE = ("Verdict: the results document's words, given by the observed ranking of
         "untested. *(tentative)* right after a label or its stars marks what the tests do not back: an improvement "
         "(its stars, *Solid*, *Modest*, *Best quality/cost ratio*) whose Δ is not resolved lower than the "
         "baseline's, and *Best quality* unless it is resolved ahead of both the second and the baseline (of the "
-        "baseline alone where it is the only variant compared); *Not worth it* claims no improvement and needs no "
-        "test. The cost ranking itself rests on the costs as measured, which no test covers. Runs that ended early "
-        "are left out.")
+        "baseline alone where it is the only variant compared); *Not worth it* unless its Δ is resolved (no "
+        "improvement seen is not no improvement shown). The cost ranking itself rests on the costs as measured, "
+        "which no test covers. Runs that ended early are left out.")
 
 
 def _qualifier(variant: str, cost: pd.Series, above: list[str], ratio_only: bool) -> str:
@@ -97,8 +97,8 @@ def cost_benefit(table: pd.DataFrame, baseline: str, tests: dict[str, Comparison
         against = evidence_text(test) if test is not None else NO_TEST
         if test is not None and test.resolved and test.delta > 0:
             return f"Worse — {against}"  # resolved behind the baseline: never a word that reads like a tie
-        if t.at[v, "delta"] >= 0:
-            return f"Not worth it — {against}"
+        if t.at[v, "delta"] >= 0:  # no improvement seen: tentative until a test says the Δ is not noise
+            return f"Not worth it{'' if test is not None and test.resolved else TENTATIVE} — {against}"
         backed = backs_lower(test)
         ahead = top is not None and top.a == v
         earned = [w + ("" if ok else TENTATIVE) for w, who, ok in (

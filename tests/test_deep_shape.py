@@ -84,3 +84,49 @@ def test_compare_says_same_model_and_tests_only_the_other_arm(twins):
     assert any("control_block" in line and ("resolved" in line or "unresolved" in line) for line in out.splitlines())
     both = out.split("Welch's and the paired test")[1].split("Config differences")[0]
     assert "control_block" in both and "deep_baseline" not in both
+
+
+@pytest.mark.parametrize("sets", [SHAPE, ["block_size=2", "n_layer=6"], ["window=2", "d_model=96"], []])
+def test_a_variant_that_keeps_its_shape_trains_what_it_trained_before(sets):
+    """The rule's new order changes nothing for a variant without a shape rule: its model (and so every recorded
+    run's config hash) is the one the old order, variant first and every --set after, gave."""
+    from attnres.config import apply_overrides, get_preset
+    from attnres.variants.registry import VARIANTS, get_variant
+
+    preset = get_preset("tiny")
+    for name, v in VARIANTS.items():
+        if v.depth_mult != 1 or v.width_ratio != 1.0:
+            continue
+        old, _ = apply_overrides(get_variant(name).apply(preset), preset.train, sets)
+        assert resolve_run(name, "tiny", 1, sets).model == old, name
+
+
+@pytest.mark.parametrize("sets", [SHAPE, [], ["d_model=96"], ["n_head=8"]])
+def test_a_deep_runs_launch_command_is_found_again(sets):
+    """`attnres next` extends a recorded run with the --set that trains it again: for a deep variant that is the
+    shape given, which its rule maps to the recorded one (not the recorded shape, which it would deepen again)."""
+    from attnres.runs.planning import reproduce
+
+    for variant in ("deep_baseline", "deep_hybrid_memory"):
+        cfg = resolve_run(variant, "tiny", 7, [*sets, "steps=60"])
+        items = reproduce(cfg.to_json(), cfg.config_hash, "tiny", 7, 60, "")
+        assert items is not None, (variant, sets)
+        assert resolve_run(variant, "tiny", 7, [*items, "steps=60"]).config_hash == cfg.config_hash
+
+
+def test_a_deep_shape_with_no_width_to_narrow_is_one_line(workdir):
+    refused = cli_here("launch", "deep_baseline", "--seeds", "1", "--set", "d_model=64", "--set", "n_head=32",
+                       "--dry-run")
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "fewer heads" in refused.stderr and not (workdir / "runs.db").exists()
+
+
+def test_the_baseline_keeps_its_name_when_another_arm_trained_its_model():
+    import pandas as pd
+
+    from reports.identity import same_models
+
+    config = resolve_run("standard", "tiny", 1).to_json()
+    runs = pd.DataFrame({"variant": ["standard", "deep_baseline"], "config_json": [config, config]})
+    assert same_models(runs) == {"deep_baseline": "standard"}
+    assert same_models(runs, prefer=["deep_baseline"]) == {"standard": "deep_baseline"}

@@ -117,7 +117,7 @@ def test_seed_document_regenerated_from_its_figures(workdir):
                                                   "block_gqa_depth s42 (step 3,000)")
     assert verdicts["control_block"].startswith("Solid (tentative), simpler — untested (2 vs 1 seeds): ~")
     assert verdicts["block_alibi_depth"].startswith("Modest (tentative), cheap — one seed per arm: untested")
-    assert verdicts["block_input_dep_query"].startswith("Not worth it — one seed per arm: untested")
+    assert verdicts["block_input_dep_query"].startswith("Not worth it (tentative) — one seed per arm: untested")
     # provenance
     assert f"Generated: {dt.date.today().isoformat()}." in text and "Devices: 4x NVIDIA B200 (18 runs)." in text
     assert "Scope: experiment paper500m, preset paper500m, 6,000 steps." in text

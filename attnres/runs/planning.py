@@ -30,7 +30,7 @@ from attnres.runs.backends import Placement
 from attnres.runs.ladder import Rung, Size, TokenRule
 from attnres.runs.ladder import rungs as rungs_of
 from attnres.tracking import states
-from attnres.variants.registry import canonical, resolve_run
+from attnres.variants.registry import canonical, get_variant, resolve_run
 
 if TYPE_CHECKING:
     from attnres.tracking.run_store import RunStore
@@ -322,6 +322,14 @@ def reproduce(config_json: str, config_hash: str, preset: str, seed: int, budget
         return None
     leaf = {k.rsplit(".", 1)[-1]: v for k, v in flatten(config).items()}
     base = {k.rsplit(".", 1)[-1]: v for k, v in flatten(json.loads(default.to_json())).items()}
+    variant = get_variant(str(config["variant"]))
+    if variant.depth_mult != 1 or variant.width_ratio != 1.0:  # its rule applies to the shape given: give that one
+        given = get_preset(preset).model
+        shape = variant.given(int(leaf["n_layer"]), int(leaf["d_model"]), int(leaf["n_head"]), given.d_model)
+        if shape is None:
+            return None
+        leaf.update(n_layer=shape[0], d_model=shape[1])
+        base.update(n_layer=given.n_layer, d_model=given.d_model)
     items = [f"{k}={grid.normal(v)}" for k, v in sorted(leaf.items()) if k not in _BY_FLAG and base.get(k) != v]
     try:
         again = resolve_run(str(config["variant"]), preset, seed, [*items, f"steps={budget}"],

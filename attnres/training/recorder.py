@@ -80,7 +80,9 @@ class LoadSampler:
         except (psutil.Error, OSError):
             return
         with self.lock:
-            if self.last is not None and now[0] > self.last[0]:
+            if self.last is not None and now[0] <= self.last[0]:
+                return  # (a sample read before the last one was taken: the reference never moves back)
+            if self.last is not None:
                 self.seconds += now[0] - self.last[0]
                 self.others += max(0.0, (now[1] - self.last[1]) - (now[2] - self.last[2]))
             self.last = now

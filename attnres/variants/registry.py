@@ -65,13 +65,28 @@ class Variant:
                 f"{self.name} doubles the depth of a preset, and preset {preset.name} is already deep "
                 f"({model.n_layer}L d{model.d_model}): use --preset {preset.deepened_from} "
                 f"({self.name} there is {model.n_layer}L d{model.d_model})")
-        d_model = model.d_model
-        if self.width_ratio != 1.0:
-            # Keep the head count; round the head dim to an even number (RoPE rotates pairs).
-            head_dim = 2 * max(1, round(model.d_model * self.width_ratio / model.n_head / 2))
-            d_model = head_dim * model.n_head
-        return replace(model, n_layer=model.n_layer * self.depth_mult, d_model=d_model,
-                       residual=self.residual)
+        width = self.width(model.d_model, model.n_head)
+        if self.width_ratio < 1 and width >= model.d_model:
+            raise AttnresError(f"{self.name} narrows the width to ~{self.width_ratio:.2f} with the heads kept, and "
+                               f"{model.n_head} heads of d_model {model.d_model} leave no head dimension to narrow "
+                               f"(it would be {width} wide): give fewer heads or a wider d_model")
+        return replace(model, n_layer=model.n_layer * self.depth_mult, d_model=width, residual=self.residual)
+
+    def width(self, d_model: int, n_head: int) -> int:
+        """The width this variant trains at for a given width: the ratio, heads kept, the head dim rounded to an
+        even number (RoPE rotates pairs)."""
+        if self.width_ratio == 1.0:
+            return d_model
+        return 2 * max(1, round(d_model * self.width_ratio / n_head / 2)) * n_head
+
+    def given(self, n_layer: int, d_model: int, n_head: int, preferred: int) -> tuple[int, int] | None:
+        """The (layers, width) a user gives for this variant to train ``n_layer`` layers at ``d_model``: the
+        inverse of its shape rule, the width ``preferred`` where it maps there (None: no given shape does)."""
+        if n_layer % self.depth_mult:
+            return None
+        widths = [preferred, *range(n_head, 4 * d_model + 4 * n_head, n_head)]
+        width = next((w for w in widths if self.width(w, n_head) == d_model), None)
+        return None if width is None else (n_layer // self.depth_mult, width)
 
 
 _KEYS = "keys RMSNorm(source) * a learned gain (init 1)"

@@ -92,14 +92,18 @@ def test_kill_lets_the_run_save_and_resume_says_from_which_step(workdir, monkeyp
 
 
 @pytest.mark.integration
-def test_resume_without_a_checkpoint_says_it_starts_over(workdir, monkeypatch):
+def test_resume_without_a_checkpoint_says_it_starts_over(workdir):
     attnres("launch", "standard", "--seeds", "1", "--steps", LONG, *FAST, "--set", "eval_every=50000", "--detach",
             check=True)
     wait_for(lambda: (r := runs(workdir)) and r[0]["pid"] and r[0]["step"] >= 2)
-    os.kill(runs(workdir)[0]["pid"], signal.SIGSTOP)  # held before its first eval: no checkpoint yet
+    trainer = runs(workdir)[0]["pid"]
+    os.kill(trainer, signal.SIGSTOP)  # held before its first eval: no checkpoint yet
     assert runs(workdir)[0]["step"] < 50000
-    monkeypatch.setenv("ATTNRES_KILL_GRACE", "0")
-    attnres("kill", "1", check=True)
+    # killed where it stands: `attnres kill` would let it run on to save a checkpoint (SIGTERM, then SIGCONT), and
+    # a fast trainer does so even within a grace of 0
+    os.kill(trainer, signal.SIGKILL)
+    wait_for(lambda: runs(workdir)[0]["status"] == "failed")
+    assert not (workdir / "checkpoints" / "run-1").exists() or not os.listdir(workdir / "checkpoints" / "run-1")
     out = attnres("resume", "1", "--detach", check=True).stdout
     assert "run 1 (standard, seed 1): no checkpoint: starting over from step 0" in out, out
     wait_for(lambda: runs(workdir)[0]["status"] == "running" and runs(workdir)[0]["step"] >= 4)

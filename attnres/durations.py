@@ -1,6 +1,17 @@
-"""How a span of time reads in a line: a duration (``4m05s``), never a clock-like ``4:05``."""
+"""Spans of time: how one reads in a line (a duration, ``4m05s``, never a clock-like ``4:05``), and one a user
+sets in the environment."""
 
 from __future__ import annotations
+
+import os
+
+
+def env_seconds(name: str, default: float) -> float:
+    """Seconds from ``$NAME`` (``default`` when unset or not a number; never negative)."""
+    try:
+        return max(0.0, float(os.environ.get(name, default)))
+    except ValueError:
+        return default
 
 
 def duration(seconds: float) -> str:

@@ -236,13 +236,14 @@ def both_tests(stats_: pd.DataFrame) -> pd.DataFrame:
 def compare_markdown(aligned: pd.DataFrame, stats_: pd.DataFrame, diff: pd.DataFrame, costs: pd.DataFrame,
                      step: int, scope: object = None) -> str:
     """All comparison tables as one markdown document (the data in them escaped: :mod:`reports.escape`)."""
+    same = same_notes(stats_)
     return "\n".join([
         f"# Comparison: {cell_text(' vs '.join(stats_['variant']))}\n",
         *([f"Scope: {cell_text(scope.label())}.\n"] if scope is not None else []),
         "## Eval loss at common steps (seed mean)\n", _table(aligned), "",
         f"## Statistics over seeds at step {step:,}\n", STATS_NOTE + "\n",
         markdown_table(summary(stats_), disable_numparse=True), "",
-        *[f"- {cell_text(line)}" for line in same_notes(stats_)], *([""] if same_notes(stats_) else []),
+        *[f"- {cell_text(line)}" for line in same], *([""] if same else []),
         "### Both tests\n", markdown_table(both_tests(stats_), disable_numparse=True), "",
         "### Every figure\n", _table(stats_), "",
         "## Config differences\n", markdown_table(diff) if len(diff) else "_(none besides the variant)_", "",

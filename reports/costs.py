@@ -227,7 +227,7 @@ def cell(value: float, source: str) -> str:
         return source
     if not math.isfinite(value):
         return "—"
-    if source.startswith("within"):
+    if within_noise(source):
         return f"{value:+.0f}%: {source}"
     return f"{value:+.0f}%" + (f" ({source})" if source else "")
 
@@ -267,7 +267,8 @@ def note(costs: dict[str, Cost], runs: pd.DataFrame, benches: pd.DataFrame, base
             "standard there; their ratio is given)"
         lines.append(f"Bench {session}: {made}, {b['device']}, {int(b['threads'])} thread(s), {b['dtype']}, not "
                      f"compiled, preset {b['preset']}, median of {int(b['steps'])} paired steps{via}.")
-    missing = sorted(v for v, c in costs.items() if c.speed_from.startswith(("not comparable", "within")))
+    missing = sorted(v for v, c in costs.items()
+                     if c.speed_from.startswith("not comparable") or within_noise(c.speed_from))
     if missing:
         named = " ".join(missing + ([] if baseline == "standard" else [baseline]))
         sets = "".join(f" --set {item}" for item in bench_args or [])

@@ -16,6 +16,7 @@ import pandas as pd
 
 from attnres.tracking.states import EARLY
 from attnres.variants import traits
+from reports import identity
 from reports.escape import cell_text
 from reports.evidence import (
     BASELINE,
@@ -139,7 +140,7 @@ def _deep(tests: list[Comparison], deep: pd.DataFrame | None, baseline: str) -> 
         return None
     step = int(deep.attrs.get("step", 0))
     partial = bool(deep.attrs.get("partial", False))
-    twin = deep["mark"].str.contains("Same model as", regex=False)  # one model under two names is not ordered
+    twin = deep["mark"].map(identity.same_as).astype(bool)  # one model under two names is not ordered
     ranked = deep[~twin].sort_values("eval", kind="stable")
     f = Finding("Depth, width and depth attention")
     order = " < ".join(f"{v} {e:.3f}" for v, e in zip(ranked["variant"], ranked["eval"], strict=True))

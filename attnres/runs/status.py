@@ -107,7 +107,9 @@ def reconcile(store: RunStore, experiment: str | None = None, preset: str | None
         runs, _ = store.status_runs(experiment, preset, recent)
         store.check_complete(runs, states.MONITOR)
     except (DatabaseError, OSError) as exc:
-        errors.append((str(getattr(exc, "orig", None) or exc).splitlines() or [type(exc).__name__])[0])
+        from attnres.runs.backends import first_line
+
+        errors.append(first_line(exc))
     return errors
 
 

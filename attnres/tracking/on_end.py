@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import SQLAlchemyError
 
+from attnres.durations import env_seconds
 from attnres.logline import say
 from attnres.tracking.schema import Metric, MetricKey, Run
 
@@ -41,10 +42,7 @@ _lock = threading.Lock()
 
 
 def timeout_s() -> float:
-    try:
-        return max(0.0, float(os.environ.get("ATTNRES_ON_END_TIMEOUT", "300")))
-    except ValueError:
-        return 300.0
+    return env_seconds("ATTNRES_ON_END_TIMEOUT", 300.0)
 
 
 def facts(engine: Engine, run_id: int) -> tuple[list[str] | None, dict[str, str]]:

@@ -26,7 +26,7 @@ import fcntl
 import json
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import date, datetime
@@ -215,29 +215,27 @@ def held(spool: Path, wait: bool = True) -> Iterator[bool]:
 
 def read(spool: Path) -> tuple[dict[int, _RunLog], list[bytes]]:
     """Parse a spool: per-run logs, and the lines that could not be read (skipped, kept for rejects)."""
-    runs: dict[int, _RunLog] = {}
-    bad: list[bytes] = []
     with Path(spool).open("rb") as fh:
-        for raw in fh:
-            try:
-                _take(runs, json.loads(raw.decode("utf-8")))
-            except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError, OverflowError,
-                    RecursionError):  # (RecursionError: a line of nested brackets)
-                bad.append(raw)  # cut short by a crash, or garbled: its value was never acknowledged
-    return runs, bad
+        return _parse(fh)
 
 
 def value_keys(text: str) -> set[tuple[int, str]]:
     """The (step, key) of every metric value in spool lines ``text`` (unreadable lines are skipped)."""
-    runs: dict[int, _RunLog] = {}
-    for line in text.splitlines():
-        try:
-            obj = json.loads(line)
-            if "r" in obj:
-                _take(runs, obj)
-        except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
-            continue
+    runs, _ = _parse(text.encode().splitlines(keepends=True))
     return {(step, key) for log in runs.values() for step, key, _ in log.metrics}
+
+
+def _parse(lines: Iterable[bytes]) -> tuple[dict[int, _RunLog], list[bytes]]:
+    """Spool lines as per-run logs, and the lines that could not be read."""
+    runs: dict[int, _RunLog] = {}
+    bad: list[bytes] = []
+    for raw in lines:
+        try:
+            _take(runs, json.loads(raw.decode("utf-8")))
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError, OverflowError,
+                RecursionError):  # (RecursionError: a line of nested brackets)
+            bad.append(raw)  # cut short by a crash, or garbled: its value was never acknowledged
+    return runs, bad
 
 
 def _take(runs: dict[int, _RunLog], obj: dict) -> None:

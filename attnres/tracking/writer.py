@@ -32,6 +32,7 @@ from typing import Protocol
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
+from attnres.durations import env_seconds
 from attnres.errors import AttnresError
 from attnres.logline import say
 from attnres.tracking import confirm, lifecycle, spool, states, store
@@ -51,10 +52,7 @@ PASSING = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 def disk_wait_s() -> float:
     """How long a closing writer waits for a full disk to take what is held in memory only."""
-    try:
-        return max(0.0, float(os.environ.get("ATTNRES_DISK_WAIT_S", "600")))
-    except ValueError:
-        return 600.0
+    return env_seconds("ATTNRES_DISK_WAIT_S", 600.0)
 
 
 class Mirroring(Protocol):

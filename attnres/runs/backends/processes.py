@@ -9,6 +9,8 @@ from datetime import UTC, datetime
 
 import psutil
 
+from attnres.durations import env_seconds
+
 
 def kill_tree(agent_pid: int | None, trainer_pid: int | None) -> None:
     """SIGKILL torchrun and every process below it (workers run in sessions of their own)."""
@@ -47,7 +49,4 @@ def process_alive(pid: int, since: datetime | None = None) -> bool:
 def kill_grace_s() -> float:
     """How long `attnres kill` lets a run save its checkpoint before SIGKILL: ``$ATTNRES_KILL_GRACE`` seconds
     (default 30; 0 kills at once)."""
-    try:
-        return max(0.0, float(os.environ.get("ATTNRES_KILL_GRACE", "30")))
-    except ValueError:
-        return 30.0
+    return env_seconds("ATTNRES_KILL_GRACE", 30.0)

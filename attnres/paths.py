@@ -58,6 +58,11 @@ def queue_log(first_run: int) -> Path:
     return logs_dir() / f"queue-{first_run}.log"
 
 
+def study_log(study_id: int) -> Path:
+    """The output of a detached study (``attnres study --detach``)."""
+    return logs_dir() / f"study-{study_id}.log"
+
+
 def slots_dir() -> Path:
     """Lock files of this machine's run slots (one per GPU, or one for the CPU), shared by every queue
     process of this user: ``$ATTNRES_SLOTS`` or ``/tmp/attnres-slots-<uid>``."""

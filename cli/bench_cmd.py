@@ -1,7 +1,8 @@
-"""`attnres bench`: what AttnRes costs against standard, the tracker, data preparation."""
+"""`attnres bench`: what AttnRes costs against standard, the tracker, data preparation, the scaling checks."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -15,7 +16,7 @@ from cli.app import DbOpt, app, console, err
 def bench(
     target: Annotated[list[str] | None, typer.Argument(
         help="variants to race against standard (default: every variant with a target), or data | report | "
-             "tracker | errors")] = None,
+             "tracker | errors | scaling")] = None,
     preset: Annotated[str, typer.Option(help="variants: model size (default `bench`: 12L d512, vocab 512)")] = "bench",
     steps: Annotated[int | None, typer.Option(
         help="variants: timed steps (10); report: steps per run (6000; tracker: 3000)")] = None,
@@ -30,9 +31,15 @@ def bench(
     repeat: Annotated[int | None, typer.Option(
         min=1, help="bench tracker: tries per measure, the best kept (default: ingest 5, report 2, "
                     "processes 3)")] = None,
-    draws: Annotated[int, typer.Option(min=1, help="bench errors: synthetic databases per design")] = 200,
+    draws: Annotated[int | None, typer.Option(min=1, help="bench errors: synthetic databases per design (200); "
+                                              "bench scaling: synthetic ladders per kind (100)")] = None,
     variants: Annotated[int, typer.Option(min=1, max=11, help="bench errors: variants against the baseline")] = 9,
-    seeds: Annotated[int, typer.Option("--seeds", min=2, help="bench errors: seeds per variant")] = 3,
+    seeds: Annotated[list[int] | None, typer.Option("--seeds", min=2, help="bench errors: seeds per variant in the "
+                                                    "family-wise design (repeatable; default 3 and 5)")] = None,
+    design: Annotated[list[str] | None, typer.Option("--design", help="bench errors: family-wise | sequential | "
+                                                     "power (repeatable; default all three)")] = None,
+    effect: Annotated[list[float] | None, typer.Option("--effect", min=0.01, help="bench errors --design power: "
+                                                       "true effect sizes d (default 0.5 0.67 1 1.33 2)")] = None,
     processes: Annotated[bool, typer.Option("--processes", help="bench errors: run `attnres import` and `attnres "
                                             "report` as processes (slower), not in this one")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
@@ -44,17 +51,18 @@ def bench(
     import json
 
     kind = target[0] if target else "variants"
-    if kind in {"data", "report", "tracker", "errors"}:
-        if kind == "errors":
-            from rich.progress import Progress, TextColumn, TimeElapsedColumn
+    if kind in {"data", "report", "tracker", "errors", "scaling"}:
+        if kind == "scaling":
+            from reports.bench_scaling import bench_scaling
 
+            result = _with_progress(kind, json_out, lambda say: bench_scaling(100 if draws is None else draws,
+                                                                              progress=say))
+        elif kind == "errors":
             from reports.bench import bench_errors
 
-            with Progress(TextColumn("{task.description}"), TimeElapsedColumn(), console=err, disable=json_out,
-                          transient=True) as bar:
-                task = bar.add_task("errors")
-                result = bench_errors(draws, variants, seeds, progress=lambda msg: bar.update(task, description=msg),
-                                      processes=processes)
+            result = _with_progress(kind, json_out, lambda say: bench_errors(
+                200 if draws is None else draws, variants, tuple(seeds or ()), progress=say, processes=processes,
+                designs=tuple(design or ()), effects=tuple(effect or ())))
         elif kind == "data":
             from attnres.bench.data import bench_data
 
@@ -105,6 +113,17 @@ def bench(
         session = store_session(RunStore(db), rows, preset, set_, 10 if steps is None else steps)
         err.print(f"recorded as bench {session} ({rows[0]['device_model']}, {rows[0]['threads']} thread(s)): "
                   "reports take speed costs from it where the runs they compare trained under different conditions")
+
+
+def _with_progress(name: str, quiet: bool, work: Callable[[Callable[[str], None]], dict[str, float]]
+                   ) -> dict[str, float]:
+    """``work`` given a callback that shows its progress on stderr under ``name`` (nothing with ``quiet``)."""
+    from rich.progress import Progress, TextColumn, TimeElapsedColumn  # (not on status's path)
+
+    with Progress(TextColumn("{task.description}"), TimeElapsedColumn(), console=err, disable=quiet,
+                  transient=True) as bar:
+        task = bar.add_task(name)
+        return work(lambda msg: bar.update(task, description=msg))
 
 
 def _bench_table(rows: list[dict[str, object]], preset: str, steps: int) -> None:

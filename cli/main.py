@@ -332,7 +332,7 @@ def main() -> None:
 
 
 # each module registers its verbs on app; `attnres --help` lists them in this order
-for _verbs in ("scale_cmd", "documents", "whats_next", "exchange", "upkeep", "bench_cmd"):
+for _verbs in ("scale_cmd", "documents", "whats_next", "study_cmd", "exchange", "upkeep", "bench_cmd"):
     importlib.import_module(f"cli.{_verbs}")
 
 if __name__ == "__main__":

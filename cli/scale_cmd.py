@@ -25,7 +25,8 @@ def scale(
     variant: Annotated[list[str], typer.Argument(help="variant names (see `attnres variants`); include the baseline")],
     sizes: Annotated[list[str], typer.Option("--sizes", parser=str, callback=parse_sizes, metavar="WxL[xH]",
                                              help="model sizes, WIDTHxLAYERS or WIDTHxLAYERSxHEADS, separated by "
-                                             "spaces: --sizes 32x2 64x4 96x4 128x6 (a fit needs 4 or more)")],
+                                             "spaces: --sizes 32x2 64x4 96x4 128x6 (a fit needs 4 or more; a "
+                                             "multiplier past the ladder, 5)")],
     tokens: Annotated[str | None, typer.Option("--tokens", help="tokens every size trains on (2e6, 2M, 500k)")
                       ] = None,
     tokens_per_param: Annotated[float | None, typer.Option("--tokens-per-param", help="tokens per non-embedding "

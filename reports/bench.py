@@ -5,7 +5,7 @@
 ``bench errors`` measures how often the document calls a comparison resolved when nothing differs.
 Each draw is a fresh SQLite database filled through ``attnres import`` with runs whose eval losses share
 one distribution (no true difference), then ``attnres report``'s own code writes the document, and the
-document's text is read back: its verdicts and its Statistical Evidence table. Two designs:
+document's text is read back: its verdicts and its Statistical Evidence table. Three designs:
 
 * **family-wise**: a baseline and ``variants`` variants with ``seeds`` seeds each, one import (one stage);
   the rate of draws in which at least one variant is called resolved must stay at or under α = 0.05
@@ -13,7 +13,13 @@ document's text is read back: its verdicts and its Statistical Evidence table. T
 * **sequential**: one variant against the baseline, two seeds each, then one more seed each per import
   (a new stage, a new look), reporting after each, up to ``looks`` looks, stopping at the first
   "resolved": adding seeds until p < 0.05 must not produce a resolved (beside it, the rate of stopping at
-  plain p < 0.05).
+  plain p < 0.05);
+* **power** (:mod:`reports.bench_power`): worlds with a known true effect, where the seeds ``attnres next``
+  plans are added and the document written again: the power plans deliver against the 0.8 they state.
+
+The family-wise design counts every test of the document (the primary family's and the Interpretation's
+contrasts): the chance of any false "resolved" in a document must stay at or under α = 0.05, at 3 seeds and
+at 5.
 """
 
 from __future__ import annotations
@@ -124,12 +130,34 @@ def _arms() -> tuple[str, list[str]]:
     return plain, [v for v in VARIANTS if v != plain and v not in traits.deep_variants()]
 
 
-def bench_errors(draws: int = 200, variants: int = 9, seeds: int = 3,
-                 progress: Callable[[str], None] | None = None, processes: bool = False) -> dict[str, float]:
-    """Both designs (:func:`family_wise`, :func:`sequential`), their figures prefixed with the design."""
-    fw = family_wise(draws, variants, seeds, progress=progress, processes=processes)
-    return {**{f"family_wise_{k}": v for k, v in fw.items()},
-            **{f"sequential_{k}": v for k, v in sequential(draws, progress=progress, processes=processes).items()}}
+DESIGNS = ("family-wise", "sequential", "power")
+FAMILY_SEEDS = (3, 5)
+
+
+def bench_errors(draws: int = 200, variants: int = 9, seeds: tuple[int, ...] = (),
+                 progress: Callable[[str], None] | None = None, processes: bool = False,
+                 designs: tuple[str, ...] = (), effects: tuple[float, ...] = ()) -> dict[str, float]:
+    """The ``designs`` asked for (default all): :func:`family_wise` at each of ``seeds`` seeds per arm (default
+    3 and 5), :func:`sequential` and the power design (:func:`reports.bench_power.power` at ``effects``), their
+    figures prefixed with the design."""
+    for d in designs:
+        if d not in DESIGNS:
+            raise AttnresError(f"--design {d}: choose from {', '.join(DESIGNS)}")
+    if any(n < 2 for n in seeds):
+        raise AttnresError("--seeds: at least 2 seeds per arm (a test needs a spread)")
+    out: dict[str, float] = {}
+    for d in designs or DESIGNS:
+        if d == "family-wise":
+            for n in seeds or FAMILY_SEEDS:
+                fw = family_wise(draws, variants, n, progress=progress, processes=processes)
+                out |= {f"family_wise_{n}_seeds_{k}": v for k, v in fw.items()}
+        elif d == "sequential":
+            out |= {f"sequential_{k}": v for k, v in sequential(draws, progress=progress, processes=processes).items()}
+        else:
+            from reports.bench_power import EFFECTS, power
+
+            out |= {f"power_{k}": v for k, v in power(draws, effects or EFFECTS, progress=progress).items()}
+    return out
 
 
 def family_wise(draws: int = 200, variants: int = 9, seeds: int = 3, sigma: float = 0.01, seed: int = 0,

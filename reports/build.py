@@ -28,8 +28,8 @@ from attnres.variants import traits
 from attnres.variants.describe import model_params
 from attnres.variants.registry import VARIANTS, canonical, default_settings, resolve_run
 from reports import compare as cmp
-from reports import costs
-from reports.analysis import Analysis, analyse
+from reports import costs, studies
+from reports.analysis import Analysis
 from reports.document import Inputs, assemble, bands, report_parts
 from reports.plan import KINDS, MAX_SEEDS, Plan
 from reports.scaling import ladder_note
@@ -187,7 +187,8 @@ def write_report(store: RunStore, out: Path, baseline: str = "standard", step: i
                  baseline, step, res.maps, provenance(store, res.runs), notes=notes, others=others,
                  tuning=tuning_markdown(table, tuned) if table is not None else "", plans=launch_plans(store),
                  max_seeds=max_seeds, db=db_args(store), benches=benches_for(store, res.runs, scope.preset),
-                 params=variant_params(res.runs, scope.preset), bench_args=bench_args(res.runs, scope, baseline))
+                 params=variant_params(res.runs, scope.preset), bench_args=bench_args(res.runs, scope, baseline),
+                 studies=studies.markdown(store.studies.frame(), replace(scope, tuned=None).label()))
     try:
         before, after, analysis = report_parts(inp)  # first the text: bad data fails here, before any file is written
         if plots:
@@ -238,16 +239,11 @@ def next_plan(store: RunStore, baseline: str = "standard", experiment: str | Non
               budget: int | None = None, data: str | None = None, pick: dict[str, str] | None = None,
               max_seeds: int = MAX_SEEDS, kinds: tuple[str, ...] = KINDS) -> Plan:
     """The What's Next plan of one scope (as its document gives it, for the parts ``kinds``): what ``attnres
-    next`` prints and launches."""
-    runs, scope, _ = _scoped(store.run_table(), experiment, preset, budget, baseline, data, pick)
-    res = store.load_results(runs=runs)
-    if baseline not in set(res.runs["variant"]):
-        raise AttnresError(f"no runs of the baseline '{baseline}' in {scope.label()}; run it or pass --baseline")
-    try:
-        return analyse(res.runs, res.evals, scope, baseline, traits.deep_variants(), None, launch_plans(store),
-                       max_seeds, db_args(store), kinds).plan
-    except ReportError as exc:
-        raise AttnresError(f"cannot plan: {exc}") from None
+    next`` prints and launches. (The analysis it is part of, which ``attnres study`` reads too, is made in
+    :mod:`reports.build_study`, which builds on this module.)"""
+    from reports.build_study import next_analysis
+
+    return next_analysis(store, baseline, experiment, preset, budget, data, pick, max_seeds, kinds)[1].plan
 
 
 #: the files :func:`_figures` may write into a document's figures folder (each checked before any work)

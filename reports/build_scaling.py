@@ -1,8 +1,9 @@
 """Where the scaling study meets the database and the disk (``attnres report --scaling``).
 
-The ladder's runs and their last values come from the store; :mod:`reports.scaling` (pure) fits and writes;
-this module picks the experiment, works out the compute of runs recorded before the trainer logged it, and
-writes the document and its figure.
+The ladder's runs and their last values come from the store; :mod:`reports.scaling` (pure) fits,
+:mod:`reports.scaling_checks` judges the fits and :mod:`reports.scaling_doc` writes; this module picks the
+experiment, reads from each run's config what it trained on (its steps, warmup, tokens and parameters, and the
+compute of runs recorded before the trainer logged it), and writes the document and its figure.
 """
 
 from __future__ import annotations
@@ -16,17 +17,18 @@ import pandas as pd
 from attnres import outputs
 from attnres.config import RunConfig
 from attnres.errors import AttnresError
-from attnres.model.flops import training_flops
+from attnres.model.flops import tokens_per_step, training_flops
 from attnres.tracking import states
 from attnres.tracking.run_store import RunStore
 from attnres.variants.describe import model_params
 from attnres.variants.registry import superseded_runs
-from reports import scaling
+from reports import scaling, scaling_doc
 from reports.build import _save, figures_folder, provenance
 
 
-def _compute_from_config(runs: pd.DataFrame) -> dict[int, float]:
-    """Training FLOPs of each run from its recorded config and steps (runs that did not log ``train_flops``)."""
+def _from_config(runs: pd.DataFrame) -> dict[int, dict[str, float]]:
+    """What each run trained on, from its recorded config and steps: its ``steps``, ``warmup``, ``tokens``,
+    non-embedding ``params`` and training FLOPs by this attnres's count (``compute``)."""
     out = {}
     for run in runs.itertuples():
         try:
@@ -35,7 +37,10 @@ def _compute_from_config(runs: pd.DataFrame) -> dict[int, float]:
             continue
         steps = int(run.step) if pd.notna(run.step) and run.step else cfg.train.steps
         world = int(run.world_size) if pd.notna(run.world_size) and run.world_size else 1
-        out[int(run.id)] = training_flops(cfg, model_params(cfg.model)["non_embedding"], world, steps)
+        params = model_params(cfg.model)["non_embedding"]
+        out[int(run.id)] = {"steps": steps, "warmup": cfg.train.warmup, "params": params,
+                            "tokens": tokens_per_step(cfg, world) * steps,
+                            "compute": training_flops(cfg, params, world, steps)}
     return out
 
 
@@ -56,8 +61,9 @@ def ladder(store: RunStore, table: pd.DataFrame, experiment: str | None = None) 
     runs = runs.loc[[not o for o in old]]
     ids = runs["id"].astype(int).tolist()
     last = store.latest_values(ids, ["eval_loss", "train_flops"])
-    missing = runs[[not last[i].get("train_flops") for i in ids]]
-    return experiment, scaling.ladder_runs(runs, last, _compute_from_config(missing))
+    budget = _from_config(runs)
+    compute = {i: b["compute"] for i, b in budget.items()}  # (this count first: see scaling.ladder_runs)
+    return experiment, scaling.ladder_runs(runs, last, compute, budget)
 
 
 def write_scaling(store: RunStore, out: Path, baseline: str = "standard", plots: bool = True,
@@ -85,6 +91,6 @@ def write_scaling(store: RunStore, out: Path, baseline: str = "standard", plots:
         link = (Path(os.path.relpath(folder, out.parent)) / "scaling.png").as_posix()
     source = table[table["experiment"] == name]
     facts = provenance(store, source[source["id"].isin(runs["run_id"])] if not runs.empty else source)
-    text = scaling.document(runs, found, baseline, name, facts, link, bootstrap)
+    text = scaling_doc.document(runs, found, baseline, name, facts, link, bootstrap)
     outputs.write_text(out, text)
     return text

@@ -7,7 +7,6 @@ import math
 
 import numpy as np
 import pandas as pd
-from statsmodels.stats.multitest import multipletests
 
 from attnres.config import flatten
 from reports import costs, identity
@@ -37,6 +36,7 @@ from reports.stats import (
     design,
     finite,
     flat,
+    holm,
     interval,
     level_text,
     mean_ci,
@@ -72,8 +72,8 @@ def seed_stats(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str], ste
     rule) with its p-value, Holm's adjustment over the arms compared with the first (statsmodels), the
     evidence that gives at α = 0.05, and the Δ's interval for that test at the level that agrees with it
     (95% for one comparison: :func:`reports.stats.decision_confidence`); then Welch's and the paired test
-    both, and the seeds per arm an exact power calculation asks for (:func:`reports.stats.seed_plan`), also at
-    the spread's 80% upper bound."""
+    both, and the seeds per arm an exact power calculation asks for (:func:`reports.stats.seed_plan`: at the
+    spread's upper confidence bound, and at the spread as observed)."""
     at = finite(evals)[lambda e: e["step"] == step].merge(runs[["id", "variant", "seed"]], left_on="run_id",
                                                            right_on="id")
     by_seed = {v: dict(zip(g["seed"].astype(int), g["value"], strict=True)) for v, g in at.groupby("variant")}
@@ -84,7 +84,7 @@ def seed_stats(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str], ste
         mine = by_seed.get(v, {})
         mean, std, lo, hi = mean_ci(np.array(list(mine.values())))
         ev = versus(mine, ref) if v != variants[0] else dict.fromkeys(
-            ["t", "p", "paired_t", "paired_p", "seeds_needed", "seeds_upper"], math.nan) | {"pairs": 0, "design": ""}
+            ["t", "p", "paired_t", "paired_p", "seeds_needed", "seeds_observed"], math.nan) | {"pairs": 0, "design": ""}
         tested = v != variants[0] and v not in same and len(mine) >= 2 and len(ref) >= 2
         test = (f"paired ({len(mine)} pairs)" if design(mine, ref) == PAIRED else WELCH) if tested else ""
         p = test_p(mine, ref) if tested and not flat(mine, ref) else math.nan
@@ -93,20 +93,20 @@ def seed_stats(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str], ste
                      "delta": diff, "test": test, "p": p, "_arms": (mine, ref),
                      "welch_t": ev["t"], "welch_p": ev["p"], "paired_n": ev["pairs"],
                      "paired_t": ev["paired_t"], "paired_p": ev["paired_p"], "seeds_needed": ev["seeds_needed"],
-                     "seeds_if_sd_80pct_high": ev["seeds_upper"], "seeds_for_test": ev["design"]})
+                     "seeds_at_observed_sd": ev["seeds_observed"], "seeds_for_test": ev["design"]})
     out = pd.DataFrame(rows)
-    holm = pd.Series(math.nan, index=out.index)
+    adjusted = pd.Series(math.nan, index=out.index)
     tested = out.index[out["p"].notna()]
     if len(tested):
-        holm[tested] = multipletests(out.loc[tested, "p"].to_numpy(), method="holm")[1]
-    level = [decision_confidence(p, q) for p, q in zip(out["p"], holm, strict=True)]
+        adjusted[tested] = holm(out.loc[tested, "p"].to_numpy())[1]
+    level = [decision_confidence(p, q) for p, q in zip(out["p"], adjusted, strict=True)]
     bounds = [interval(*arms, c) if t else (math.nan, math.nan)
               for arms, c, t in zip(out["_arms"], level, out["test"], strict=True)]
     at_p = out.columns.get_loc("p") + 1
-    out.insert(at_p, "holm_p", holm)
+    out.insert(at_p, "holm_p", adjusted)
     out.insert(at_p + 1, "evidence", [f"untested: same model as {same[v]}" if v in same else "resolved" if q <= ALPHA
                                       else "unresolved" if q == q else ("" if i == 0 else "untested")
-                                      for i, (v, q) in enumerate(zip(out["variant"], holm, strict=True))])
+                                      for i, (v, q) in enumerate(zip(out["variant"], adjusted, strict=True))])
     out.attrs["same_model"] = same
     out.insert(at_p + 2, "delta_low", [b[0] for b in bounds])
     out.insert(at_p + 3, "delta_high", [b[1] for b in bounds])
@@ -134,7 +134,7 @@ EVERY_FIGURE = {
     "variant": text, "seeds": count, "mean": loss, "std": _spread, "ci_low": loss, "ci_high": loss,
     "delta": delta, "test": text, "p": p_value, "holm_p": p_value, "evidence": text, "delta_low": _bound,
     "delta_high": _bound, "level": text, "welch_t": _stat, "welch_p": p_value, "paired_n": count,
-    "paired_t": _stat, "paired_p": p_value, "seeds_needed": count, "seeds_if_sd_80pct_high": count,
+    "paired_t": _stat, "paired_p": p_value, "seeds_needed": count, "seeds_at_observed_sd": count,
     "seeds_for_test": text,
 }
 
@@ -212,7 +212,7 @@ def summary(stats_: pd.DataFrame) -> pd.DataFrame:
         "Δ interval": [interval_cell(r) for _, r in stats_.iterrows()],
         "seeds per arm to resolve": [need_text(n, u, d) if i and e in ("unresolved", "untested") else "—"
                                      for i, (n, u, d, e) in
-                                     enumerate(zip(stats_["seeds_needed"], stats_["seeds_if_sd_80pct_high"],
+                                     enumerate(zip(stats_["seeds_needed"], stats_["seeds_at_observed_sd"],
                                                    stats_["seeds_for_test"], stats_["evidence"], strict=True))],
     })
 

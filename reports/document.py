@@ -48,6 +48,7 @@ class Inputs:
     benches: pd.DataFrame = field(default_factory=pd.DataFrame)  # stored `attnres bench` rows of the preset
     params: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # variant -> total, non_embedding
     bench_args: list[str] = field(default_factory=list)  # --set items giving `attnres bench` the runs' model
+    studies: str = ""  # the Studies section: how each `attnres study` of the scope ended (reports.studies)
 
 
 def _md(df: pd.DataFrame) -> str:
@@ -287,7 +288,7 @@ def report_parts(inp: Inputs, title: str = "AttnRes: Attention Over the Residual
     parts.append(multi_seed_section(multi_seed(inp.runs, a.table, inp.baseline, a.main.step), inp.baseline,
                                     a.main.step, a.by_variant))
     parts += [deep_section(inp, a, deep), evidence_section(a), maps_section(inp), findings.markdown(a.findings),
-              cost_section(a, inp.baseline, inp.runs.get("device")), whats_next.markdown(a.plan)]
+              cost_section(a, inp.baseline, inp.runs.get("device")), whats_next.markdown(a.plan), inp.studies]
     after = []
     if inp.others:
         after.append("## Other Experiments in This Database\n\nNot in this document (a table never mixes "

@@ -9,14 +9,20 @@ Three rules keep a document's "resolved" honest (see :data:`METHOD`):
 * **Sequential testing.** Look ``k`` may spend α/2^k, so any number of looks spends at most α in all:
   adding seeds until p < 0.05 cannot make a comparison resolved. A test's p-value is carried as
   ``min(1, p * 2^k)`` into the family.
-* **Family-wise control.** Holm–Bonferroni (statsmodels' ``multipletests``) over the family's tests:
+* **Family-wise control.** Holm–Bonferroni (statsmodels' ``multipletests``) over each family's tests:
   the *primary* family is every variant against the baseline and the two best variants against each
   other; the Interpretation's contrasts between two variants are the *secondary* family.
 
 The test is paired (per-seed differences) when both arms hold the same seeds, Welch's otherwise.
 Seeds per arm to resolve come from an exact power calculation (noncentral t, power 0.8) for the test
 the next look will make (paired when the arms hold the same seeds) at the level it will
-face in its family (α/2^k / m, Holm's strictest step), and again at the spread's 80% upper bound.
+face in its family (α/2^k / m, Holm's strictest step), with the spread at its 90% upper confidence bound
+(a spread from few seeds is as often too small as too large: planned at it as observed, a plan delivers far
+less than the power it states; ``attnres bench errors`` measures the power plans deliver).
+
+* **One error rate for the document.** The two families share α = 0.05: the primary family is tested at
+  0.04 and the contrasts at 0.01 (Bonferroni across families, Holm within each), so the chance that a
+  document with no true difference calls anything resolved is at most 5%.
 """
 
 from __future__ import annotations
@@ -27,7 +33,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from statsmodels.stats.multitest import multipletests
 
 from attnres.tracking.states import ACTIVE, PREEMPTED
 from reports.stats import (
@@ -37,6 +42,7 @@ from reports.stats import (
     decision_confidence,
     design,
     flat,
+    holm,
     interval,
     level_text,
     seed_plan,
@@ -64,9 +70,11 @@ METHOD = ("Tests: on the eval loss of the seeds of complete stages, a paired t-t
           "decides only at the runs' last step: one at an earlier step (partial, --step, or a run that ended early) is "
           "interim and resolves nothing, as each eval step would otherwise be one more look. Each stage that added "
           "seeds to a testable comparison is one more look, and look k may spend α/2^k, so that any number of looks "
-          "spends at most α = 0.05 in all (a p-value enters as min(1, p·2^k)). Family-wise control: Holm–Bonferroni "
-          "(statsmodels multipletests) over the primary family (each variant against the baseline, and the two best "
-          "against each other) and, separately, over the Interpretation's contrasts. Arms without any spread are "
+          "spends at most its family's α in all (a p-value enters as min(1, p·2^k)). One error rate for the whole "
+          "document, α = 0.05, split between two families (Bonferroni): Holm–Bonferroni (statsmodels multipletests) "
+          "at α = 0.04 over the primary family (each variant against the baseline, and the two best against each "
+          "other) and, separately, at α = 0.01 over the Interpretation's contrasts, so that with no true difference "
+          "anywhere the document calls something resolved at most 5% of the time. Arms without any spread are "
           "untested (the p-value would be 0 for any Δ). The Δ interval is the test's own (paired or Welch) at "
           "the level its decision uses, 1 − α·p/(adjusted p), so it excludes 0 exactly when the comparison is "
           "resolved (an interim or untested one: at the level its next decision will face); the Δ figure's band "
@@ -77,7 +85,9 @@ METHOD = ("Tests: on the eval loss of the seeds of complete stages, a paired t-t
           "(a plan then gives each arm the seeds the other holds: the σ of the shared seeds' differences, for at least "
           "the seeds the two hold between them); otherwise Welch "
           "with the arms' spread (or the scope's pooled seed spread when neither arm has two seeds). A spread from a "
-          "few seeds is uncertain, so the count is also given at σ's 80% upper confidence bound (chi-square). "
+          "few seeds is as often too small as too large, and a plan resting on it as observed delivers less power than "
+          "it states, so the count is planned at σ's 90% upper confidence bound (chi-square) and given at σ as "
+          "observed beside it (`attnres bench errors` measures the power plans deliver). "
           "Evidence classes (the Interpretation's): *resolved* or *contradicted* (resolved, lower or higher than the "
           "design expects); an unresolved (or interim) test is *suggestive* when its own p-value at its latest look, "
           f"before looks and Holm, is below {LEAN:.2f} (its unadjusted {1 - LEAN:.0%} interval excludes 0: the data "
@@ -116,7 +126,7 @@ class Comparison:
     p_adj: float = math.nan
     resolved: bool = False
     need: float = math.nan  # seeds per arm to resolve
-    need_hi: float = math.nan  # ... if the spread is at its 80% upper bound
+    need_observed: float = math.nan  # ... at the spread as observed (``need`` is at its upper bound)
     pooled: bool = False  # ``need`` rests on the scope's pooled spread
     design: str = WELCH  # the test of the latest look (PAIRED: the arms hold the same seeds)
     plan_design: str = WELCH  # the test ``need`` is planned for
@@ -215,17 +225,31 @@ def pooled_sd(table: pd.DataFrame) -> tuple[float, int]:
     return (math.sqrt(num / den), int(den)) if den else (math.nan, 0)
 
 
+#: each family's share of the document's α: Bonferroni across the two families keeps the chance of any false
+#: "resolved" in a document at α, Holm within each keeps its power. The primary family (each variant against
+#: the baseline, the top two) is what the document decides; the contrasts explain it, and get the smaller share.
+SHARE = {PRIMARY: 0.8, SECONDARY: 0.2}
+
+
+def family_alpha(family: str, alpha: float = ALPHA) -> float:
+    """The α a family's Holm procedure is run at: its :data:`SHARE` of the document's."""
+    return alpha * SHARE[family]
+
+
 def control(comparisons: list[Comparison], sigma: tuple[float, int] = (math.nan, 0), alpha: float = ALPHA,
             future: int = 0) -> list[Comparison]:
-    """Holm over each family's testable comparisons at the runs' last step (an interim one decides nothing);
-    then every comparison's seeds per arm to resolve, at the level its next look will face in its family,
-    which ``future`` more primary comparisons (the plan's never-run variants) will have joined."""
+    """Holm over each family's testable comparisons at the runs' last step (an interim one decides nothing), at
+    the family's share of ``alpha``; then every comparison's seeds per arm to resolve, at the level its next look
+    will face in its family, which ``future`` more primary comparisons (the plan's never-run variants) will have
+    joined."""
+    document_alpha = alpha
     for family in (PRIMARY, SECONDARY):
+        alpha = family_alpha(family, document_alpha)
         members = [c for c in comparisons if c.family == family]
         size = len(members) + (future if family == PRIMARY else 0)
         tested = [c for c in members if math.isfinite(c.p_seq) and not c.interim]
         if tested:
-            reject, adjusted, _, _ = multipletests([c.p_seq for c in tested], alpha=alpha, method="holm")
+            reject, adjusted = holm([c.p_seq for c in tested], alpha)
             for c, r, q in zip(tested, reject, adjusted, strict=True):
                 c.resolved, c.p_adj = bool(r), float(q)
         for c in members:
@@ -241,7 +265,7 @@ def control(comparisons: list[Comparison], sigma: tuple[float, int] = (math.nan,
 
 def _plan_size(c: Comparison, sigma: tuple[float, int], level: float) -> None:
     size = seed_plan(c.values_a, c.values_b, c.delta, level, sigma, complete=True)  # (a plan completes the pairs)
-    c.need, c.need_hi, c.plan_design = size["need"], size["upper"], str(size["design"])
+    c.need, c.need_observed, c.plan_design = size["need"], size["observed"], str(size["design"])
     if c.plan_design == PAIRED and design(c.values_a, c.values_b) != PAIRED:
         c.plan_design += " once each arm holds the other's seeds"
     c.pooled = size["basis"] == "the pooled spread"
@@ -265,13 +289,13 @@ def backs_lower(c: Comparison | None) -> bool:
 
 
 def need_text(c: Comparison, unit: str = "") -> str:
-    """Seeds per arm to resolve, the test they are planned for, and the count at the spread's upper bound:
-    '~3 (paired; up to 9 if σ is at its 80% upper bound)'."""
-    return _need_text(c.need, c.need_hi, c.plan_design + (" at the pooled spread" if c.pooled else ""), unit)
+    """Seeds per arm to resolve, the test they are planned for, and the count at the spread as observed:
+    '~9 (paired; power 0.8 with σ at its 90% upper bound; ~3 at σ as observed)'."""
+    return _need_text(c.need, c.need_observed, c.plan_design + (" at the pooled spread" if c.pooled else ""), unit)
 
 
 def seeds_text(c: Comparison) -> str:
-    """'~3 seeds per arm (paired; up to 9 if σ is at its 80% upper bound)'."""
+    """'~9 seeds per arm (paired; power 0.8 with σ at its 90% upper bound; ~3 at σ as observed)'."""
     return need_text(c, " seeds per arm")
 
 

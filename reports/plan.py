@@ -151,6 +151,27 @@ def _group(picks: dict[str, list[int]], kind: str, settings: dict[str, list[str]
     return [Launch(kind, variants, list(seeds), list(sets)) for (seeds, sets), variants in by.items()]
 
 
+POWER_PURPOSE, PILOT_PURPOSE = "power 0.8", "pilot"  # what a planned comparison's seeds are for (registered)
+WIDER = 4  # seeds per arm a pilot is widened to when the spread rests on fewer (3 degrees of freedom for its bound)
+
+
+def planned_count(c: Comparison, max_seeds: int) -> tuple[float, str]:
+    """Seeds per arm a plan gives an open comparison, and what for; inf where no count within ``max_seeds`` can
+    promise power 0.8. Without a spread: a pilot of :data:`PILOT`. A spread from fewer than :data:`WIDER` seeds
+    has an upper bound several times itself (7.9x from 2 seeds), so a count that fits at the spread as observed
+    may not fit at the bound: the pilot is widened to :data:`WIDER` seeds first, to measure the spread, and the
+    comparison is planned again from there (it promises no power yet, and says so)."""
+    if c.need != c.need:
+        return PILOT, f"a pilot of {PILOT} seeds per arm, to estimate the spread"
+    if not math.isinf(c.need) and c.need <= max_seeds:
+        return c.need, f"{int(c.need)} seeds per arm"
+    held = min(len(c.values_a), len(c.values_b))
+    if held < WIDER and c.need_observed == c.need_observed and c.need_observed <= max_seeds:
+        return WIDER, (f"a wider pilot of {WIDER} seeds per arm first, to measure the spread: from {held} seeds its "
+                       f"90% upper bound asks for more than {max_seeds} (--max-seeds); planned again from there")
+    return math.inf, ""
+
+
 def _resolve(tests: list[Comparison], runs: pd.DataFrame, max_seeds: int, settings: dict[str, list[str] | None],
              pairs: list[tuple[str, str]]) -> tuple[Item, list[dict], dict[str, list[int]]]:
     """The runs that resolve the open comparisons (``pairs``: every comparison tested, kept paired where their
@@ -166,16 +187,18 @@ def _resolve(tests: list[Comparison], runs: pd.DataFrame, max_seeds: int, settin
         if c.waiting:
             item.lines.append(f"{head}. Tested when the runs it waits for finish.")
             continue
-        n = PILOT if c.need != c.need else c.need
-        if math.isinf(n) or n > max_seeds:
-            item.lines.append(f"{head}. Not planned: more than {max_seeds} seeds per arm (--max-seeds).")
+        n, why = planned_count(c, max_seeds)
+        if math.isinf(n):
+            item.lines.append(f"{head}. Not planned: no count within {max_seeds} seeds per arm (--max-seeds) can "
+                              "promise power 0.8 for this Δ; a larger --max-seeds plans it, or the Δ is too small "
+                              "to resolve at a cost worth paying.")
             continue
         n = int(n)
         for v in (c.a, c.b):
             targets[v] = max(targets.get(v, 0), n, len(usable.get(v, ())))
-        why = "a pilot of 3 seeds per arm, to estimate the spread" if c.need != c.need else f"{n} seeds per arm"
         item.lines.append(f"{head}. Planned: {why}.")
-        planned.append({"variant": c.a, "against": c.b, "kind": RESOLVE})
+        planned.append({"variant": c.a, "against": c.b, "kind": RESOLVE,
+                        "purpose": POWER_PURPOSE if c.need <= max_seeds else PILOT_PURPOSE})  # (NaN: a pilot)
     seeds = plan_seeds(runs, usable, targets, pairs, [(p["variant"], p["against"]) for p in planned], max_seeds,
                        {v: settings.get(v) is not None for pair in pairs for v in pair})
     picks = seeds.picks

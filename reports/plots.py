@@ -22,7 +22,7 @@ from attnres.tracking.states import EARLY
 from attnres.variants.registry import VARIANTS
 from reports.depth_maps import matrix, site_name
 from reports.numbers import throughput_unit
-from reports.stats import design, finite, interval, level_text, shown
+from reports.stats import design, finite, intervals, level_text, shown
 
 # distinct colours, one per registered variant: tab10's, then the dark ones of tab20b
 _PALETTE = list(plt.get_cmap("tab10").colors) + list(plt.get_cmap("tab20b").colors)[0::4] + \
@@ -54,23 +54,41 @@ def delta_series(runs: pd.DataFrame, evals: pd.DataFrame, variant: str, baseline
     ``confidence``, over the seeds each arm has at the step (``run_ids``: only these runs, as a table tested).
 
     A band of the variant's seeds alone would leave the baseline's spread out and claim what the test
-    rejects; this one is the table's interval at the table's step.
+    rejects; this one is the table's interval at the table's step. Steps are taken together where the arms
+    hold the same seeds (every step but those past a run that ended early): one matrix of values per such group
+    (:func:`reports.stats.intervals`), not one test per step.
     """
     keep = runs if run_ids is None else runs[runs["id"].isin(list(run_ids))]
     keep = keep[keep["variant"].isin([variant, baseline])].sort_values("id")
     keep = keep.drop_duplicates(["variant", "seed"], keep="last")  # a rerun replaces its seed
     ev = finite(evals).merge(keep[["id", "variant", "seed"]], left_on="run_id", right_on="id")
-    rows = []
-    for st, at in ev.groupby("step"):
-        arms = {v: dict(zip(g["seed"].astype(int), g["value"].astype(float), strict=True))
-                for v, g in at.groupby("variant")}
-        a, b = arms.get(variant), arms.get(baseline)
-        if not a or not b:
+    ev = ev.drop_duplicates(["variant", "seed", "step"], keep="last")
+    columns = ["step", "delta", "lo", "hi", "n", "test"]
+    if ev.empty or not {variant, baseline} <= set(ev["variant"]):
+        return pd.DataFrame([], columns=columns)
+    wide = ev.assign(seed=ev["seed"].astype(int)).pivot(index="step", columns=["variant", "seed"], values="value")
+    arm_a, arm_b = wide[variant].astype(float), wide[baseline].astype(float)
+    held = pd.concat([arm_a.notna(), arm_b.notna()], axis=1, keys=["a", "b"])
+    pattern = pd.Series([r.tobytes() for r in held.to_numpy()], index=held.index)
+    parts = []
+    for _, steps in pattern.groupby(pattern, sort=False).groups.items():
+        a = arm_a.loc[steps].dropna(axis=1, how="all")
+        b = arm_b.loc[steps].dropna(axis=1, how="all")
+        if a.shape[1] == 0 or b.shape[1] == 0:
             continue
-        lo, hi = interval(a, b, confidence)
-        rows.append((int(st), float(np.mean(list(a.values())) - np.mean(list(b.values()))), lo, hi, len(a),
-                     design(a, b) if len(a) >= 2 and len(b) >= 2 else ""))
-    return pd.DataFrame(rows, columns=["step", "delta", "lo", "hi", "n", "test"])
+        seeds_a, seeds_b = set(a.columns), set(b.columns)
+        test = design(dict.fromkeys(seeds_a), dict.fromkeys(seeds_b)) if len(seeds_a) >= 2 and len(seeds_b) >= 2 \
+            else ""
+        paired = len(seeds_a) >= 2 and seeds_a == seeds_b
+        if paired:
+            b = b[list(a.columns)]
+        lo, hi = intervals(a.to_numpy(), b.to_numpy(), paired, confidence)
+        parts.append(pd.DataFrame({"step": np.asarray(steps, dtype=int),
+                                   "delta": a.to_numpy().mean(axis=1) - b.to_numpy().mean(axis=1),
+                                   "lo": lo, "hi": hi, "n": a.shape[1], "test": test}))
+    if not parts:
+        return pd.DataFrame([], columns=columns)
+    return pd.concat(parts, ignore_index=True).sort_values("step", ignore_index=True)[columns]
 
 
 def _near(series: dict[str, pd.DataFrame]) -> list[str]:

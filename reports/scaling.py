@@ -10,7 +10,9 @@ reports 1.25×): ``C_b = (A_b / (L_v(C) − E_b))^(1/α_b)``; where the variant'
 floor ``E_b`` no compute reaches it, and the multiplier is unbounded.
 
 A three-parameter law needs at least four sizes (one degree of freedom left); with fewer the section says so
-and gives no number.
+and gives no number. Whether a fitted law holds (its lack of fit, a ladder that does not decline, too few sizes
+to extrapolate, runs too short for a compute-efficient frontier) is :mod:`reports.scaling_checks`; the
+document's text, with what it withholds and why, is :mod:`reports.scaling_doc`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ EXTRAPOLATE = (10.0, 100.0)  # multiples of the ladder's largest compute the mul
 #: the settings a ladder moves from size to size; two runs of a variant differing in any other setting are not
 #: points of one curve
 LADDER_KEYS = frozenset({"d_model", "n_layer", "n_head", "steps"})
+BUDGET = ("steps", "warmup", "tokens", "params")  # what a run trained on (ladder_runs' columns from its config)
 
 
 def size_of(config_json: object) -> str | None:
@@ -74,16 +77,21 @@ def ladder_note(runs: pd.DataFrame, experiment: str, db: list[str]) -> list[str]
 
 
 def ladder_runs(runs: pd.DataFrame, last: Mapping[int, Mapping[str, float]],
-                compute_of: Mapping[int, float] | None = None) -> pd.DataFrame:
+                compute_of: Mapping[int, float] | None = None,
+                budget_of: Mapping[int, Mapping[str, float]] | None = None) -> pd.DataFrame:
     """One row per run with a final eval loss (variant, setting, seed, size, compute in FLOPs, loss): what the fits
     take.
 
     ``last``: each run's last ``eval_loss`` and ``train_flops`` (the trainer records the compute as it goes);
-    ``compute_of``: the compute worked out from the config, for runs recorded before ``train_flops`` was. Where a
+    ``compute_of``: the compute worked out from the config by this attnres's count (:mod:`attnres.model.flops`),
+    which is taken first: runs recorded by an older count (one that counted some variants' depth projections
+    twice or too few times) and newer ones then lie on one axis; the recorded figure is for runs whose config
+    cannot be read here. Where a
     setting other than the ladder's takes several values within a variant (a swept ``lr``), each value is a curve of
     its own, ``variant@lr=...``, and ``setting`` says which (a variant's curve is compared with the baseline's at the
-    same setting). Runs without a model config, a final eval loss or a finite compute are left out; how many is
-    in ``attrs["left_out"]``."""
+    same setting). ``budget_of``: each run's ``steps``, ``warmup``, ``tokens`` and non-embedding ``params`` (from
+    its config), columns of their own, for :func:`reports.scaling_checks.short_runs`. Runs without a model config,
+    a final eval loss or a finite compute are left out; how many is in ``attrs["left_out"]``."""
     from attnres.runs.grid import settings, swept_keys
 
     have = [(run, settings(run.config_json)) for run in runs.itertuples()]
@@ -91,16 +99,17 @@ def ladder_runs(runs: pd.DataFrame, last: Mapping[int, Mapping[str, float]],
     rows, left_out = [], 0
     for run, values_of in have:
         values = last.get(int(run.id), {})
-        compute = values.get("train_flops") or (compute_of or {}).get(int(run.id))
+        compute = (compute_of or {}).get(int(run.id)) or values.get("train_flops")
         loss, size = values.get("eval_loss"), size_of(run.config_json)
         if size is None or loss is None or not compute or not (math.isfinite(loss) and math.isfinite(compute)):
             left_out += 1
             continue
         setting = ",".join(f"{k}={values_of[k]}" for k in swept if k in values_of)
+        budget = {k: float(v) for k, v in (budget_of or {}).get(int(run.id), {}).items()}
         rows.append({"variant": str(run.variant) + (f"@{setting}" if setting else ""), "setting": setting,
                      "seed": int(run.seed), "size": size, "compute": float(compute), "loss": float(loss),
-                     "run_id": int(run.id)})
-    frame = pd.DataFrame(rows, columns=["variant", "setting", "seed", "size", "compute", "loss", "run_id"])
+                     "run_id": int(run.id)} | {k: budget.get(k, math.nan) for k in BUDGET})
+    frame = pd.DataFrame(rows, columns=["variant", "setting", "seed", "size", "compute", "loss", "run_id", *BUDGET])
     frame.attrs["left_out"] = left_out
     return frame
 
@@ -166,21 +175,26 @@ def fit_variant(runs: pd.DataFrame, variant: str, bootstrap: int = BOOTSTRAP, se
         fit.reason = "the least-squares fit did not converge"
         return fit
     fit.e, fit.a, fit.alpha = point
-    groups = [g.sort_values("seed", kind="stable") for _, g in mine.groupby("size")]  # (see multiplier)
-    if all(len(g) < 2 for g in groups):
+    groups = [g.sort_values("seed", kind="stable") for _, g in mine.groupby("size")]
+    if all(len(g) < 2 for g in groups) or bootstrap < 1:
         return fit  # one seed a size: nothing to resample, no interval
     rng = np.random.default_rng(seed)
     # each size's seeds as arrays; a resampled seed is moved away from its size's mean by sqrt(n / (n - 1)):
     # n seeds drawn with replacement spread only (n - 1) / n as much as seeds do, and with 2 to 5 seeds a size
     # the plain percentile intervals held the true parameters in 84-90% of synthetic ladders, not 95%
+    # and the seeds' spread is itself a guess from few seeds (dof of them, over all sizes): each replicate scales
+    # it by sqrt(dof / χ²_dof), a draw of σ given that guess, so the intervals widen as a t's does over a normal's
+    # (without it, 2 seeds a size held the true multiplier 75% of the time: docs/benchmarks.md)
     parts = [(g["compute"].to_numpy(float), g["loss"].to_numpy(float)) for g in groups]
     inflate = [math.sqrt(len(c) / (len(c) - 1)) if len(c) > 1 else 0.0 for c, _ in parts]
+    dof = sum(len(c) - 1 for c, _ in parts)
     for _ in range(bootstrap):
         compute, loss = [], []
+        spread = math.sqrt(dof / rng.chisquare(dof))
         for (c, y), k in zip(parts, inflate, strict=True):
             pick = rng.integers(0, len(y), len(y))
             compute.append(c[pick])
-            loss.append(y.mean() + k * (y[pick] - y.mean()))
+            loss.append(y.mean() + spread * k * (y[pick] - y.mean()))
         got = _fit_points(np.concatenate(compute), np.concatenate(loss))
         if got is not None:
             fit.replicates.append(got)
@@ -204,8 +218,8 @@ def equivalent_compute(base: tuple, loss: np.ndarray) -> np.ndarray:
 
 def multiplier(variant: Fit, base: Fit, compute: float) -> tuple[float, tuple[float, float] | None]:
     """The variant's compute-equivalent multiplier against the baseline at ``compute``, and its bootstrap interval
-    (None unless both fits have intervals). Replicate i of the two fits is paired: both draw with one generator
-    seed over their seeds sorted, so where the variants share seeds a replicate resamples the same seeds in both."""
+    (None unless both fits have intervals). The two fits' replicates are drawn independently (see :func:`fits`)
+    and combined index by index."""
     at = float(equivalent_compute((base.e, base.a, base.alpha), variant.loss(compute)) / compute)
     n = min(len(variant.replicates), len(base.replicates))
     if not (variant.intervals and base.intervals) or n < 2:
@@ -220,8 +234,12 @@ def multiplier(variant: Fit, base: Fit, compute: float) -> tuple[float, tuple[fl
 
 
 def fits(runs: pd.DataFrame, bootstrap: int = BOOTSTRAP) -> dict[str, Fit]:
-    """Every variant's fit, in the order the variants first appear."""
-    return {v: fit_variant(runs, v, bootstrap) for v in dict.fromkeys(runs["variant"])}
+    """Every variant's fit, in the order the variants first appear, each bootstrap from a generator of its own.
+    (One generator for all drew the same seeds in a variant's and the baseline's replicates: right if a seed's
+    noise were shared between variants, and where it was not, on synthetic ladders of 2 seeds a size, the
+    multiplier's interval held the truth 79% of the time instead of 87%; drawn apart, a shared noise only makes
+    the interval wider than it need be.)"""
+    return {v: fit_variant(runs, v, bootstrap, seed=i) for i, v in enumerate(dict.fromkeys(runs["variant"]))}
 
 
 def _num(x: float) -> str:
@@ -242,13 +260,15 @@ def _interval(fit: Fit, name: str) -> str:
     return f"[{lo}, {hi}]"
 
 
-def fit_table(found: dict[str, Fit]) -> pd.DataFrame:
-    """One row per variant: points, sizes, E, A, α with their intervals (or why there is no fit)."""
+def fit_table(found: dict[str, Fit], checked: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """One row per variant: points, sizes, E, A, α with their intervals (or why there is no fit); ``checked``:
+    a variant's checks in a few words (:func:`reports.scaling_doc.check_note`), the note's first."""
     rows = []
     for f in found.values():
         row = {"variant": f.variant, "runs": f.points, "sizes": f.sizes}
         if f.ok:
-            notes = [] if f.intervals else ["one seed a size: no interval (add seeds)"]
+            notes = [(checked or {}).get(f.variant, "")] + ([] if f.intervals else ["one seed a size: no interval "
+                                                                                   "(add seeds)"])
             if f.e <= FLOOR_AT_ZERO:
                 notes.append("E at its bound 0: the ladder shows no floor yet (α is then a pure power law's)")
             outside = [label for key, label in (("e", "E"), ("a", "A"), ("alpha", "α"))
@@ -258,116 +278,53 @@ def fit_table(found: dict[str, Fit]) -> pd.DataFrame:
                              "interval: the fit moves with the seeds drawn (add sizes or seeds)")
             row |= {"E": param("e", f.e), "E 95%": _interval(f, "e"), "A": param("a", f.a), "A 95%": _interval(f, "a"),
                     "α": param("alpha", f.alpha), "α 95%": _interval(f, "alpha"),
-                    "note": "; ".join(notes)}
+                    "note": "; ".join(n for n in notes if n)}
         else:
             row |= dict.fromkeys(["E", "E 95%", "A", "A 95%", "α", "α 95%"], numbers.MISSING) | {"note": f.reason}
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def _times(x: float) -> str:
-    return "unbounded" if math.isinf(x) else f"{x:.3g}×"
-
-
-def multiplier_table(runs: pd.DataFrame, found: dict[str, Fit], baseline: str) -> pd.DataFrame:
-    """Each variant's compute-equivalent multiplier against the baseline at each ladder size (the variant's own
-    compute there) and extrapolated to 10× and 100× the largest compute; '—' where either law is missing."""
-    rows = []
-    setting_of = dict(zip(runs["variant"], runs["setting"], strict=True)) if "setting" in runs else {}
-    for name, f in found.items():
-        setting = setting_of.get(name, "")
-        mine_base = f"{baseline}@{setting}" if setting and f"{baseline}@{setting}" in found else baseline
-        if name == mine_base:
-            continue
-        base = found.get(mine_base)  # (a swept curve against the baseline's at the same setting)
-        mine = runs[runs["variant"] == name]
-        at = {str(size): float(g["compute"].median()) for size, g in mine.groupby("size", sort=False)}
-        top = float(runs["compute"].max())
-        at |= {f"{k:g}× largest": top * k for k in EXTRAPOLATE}
-        row: dict[str, str] = {"variant": name, "against": mine_base}
-        for label, compute in at.items():
-            if base is None or not base.ok or not f.ok:
-                row[label] = numbers.MISSING
-                continue
-            value, ci = multiplier(f, base, compute)
-            row[label] = _times(value) + (f" [{_times(ci[0])}, {_times(ci[1])}]" if ci else "")
-        rows.append(row)
-    table = pd.DataFrame(rows)
-    return table.drop(columns="against") if not table.empty and (table["against"] == baseline).all() else table
-
-
 def ladder_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per size and variant: runs, median training compute, and the eval loss's mean and spread over seeds."""
+    """One row per size and variant: runs, median training compute, and the eval loss's mean and spread over seeds;
+    with the runs' budgets known, their steps (warmup) and tokens per non-embedding parameter (the short-run
+    check's figures)."""
+    budget = {"steps": ("steps", "median"), "warmup": ("warmup", "median"), "tokens": ("tokens", "median"),
+              "params": ("params", "median")} if set(BUDGET) <= set(runs.columns) else {}
     g = runs.groupby(["size", "variant"], sort=False)
-    table = g.agg(runs=("loss", "size"), compute=("compute", "median"), mean=("loss", "mean"), sd=("loss", "std"))
-    table = table.reset_index()
-    table["order"] = table["compute"]
-    table = table.sort_values(["order", "variant"], kind="stable").drop(columns="order")
-    return pd.DataFrame({"size": table["size"], "variant": table["variant"], "runs": table["runs"].astype(int),
-                         "compute (FLOPs)": [_num(c) for c in table["compute"]],
-                         "eval loss": [numbers.loss(m) + (f" ± {numbers.loss(sd)}" if math.isfinite(sd) else "")
-                                       for m, sd in zip(table["mean"], table["sd"], strict=True)]})
-
-
-def section(runs: pd.DataFrame, baseline: str, figure: str | None = None, bootstrap: int = BOOTSTRAP,
-            found: dict[str, Fit] | None = None) -> str:
-    """The report's Scaling section in markdown (``found``: the fits, when already made)."""
-    if runs.empty:
-        return "## Scaling\n\nNo finished run of a ladder in this scope yet (`attnres scale` launches one).\n"
-    found = fits(runs, bootstrap) if found is None else found
-    lines = ["## Scaling", "",
-             f"L(C) = E + A·C^(−α) fitted per variant to each finished run's last eval loss against its training "
-             f"compute C in FLOPs (6·N·tokens plus attention and the depth attention's own cost); 95% intervals "
-             f"from {bootstrap} bootstrap draws over seeds (on synthetic ladders of 2-5 seeds a size they held the "
-             f"true parameters 85-93% of the time: read them as a little narrow). A fit needs at least {MIN_SIZES} "
-             "sizes.", "",
-             fit_table(found).to_markdown(index=False), ""]
-    bases = [v for v in found if v == baseline or v.startswith(f"{baseline}@")]
-    if bases and len(found) == len(bases):
-        lines += [f"Only the baseline '{baseline}' is in the ladder: no variant to give a multiplier for "
-                  "(`attnres scale` the variants at the same sizes).", ""]
-    elif bases:
-        lines += [f"### Compute-equivalent multiplier vs {baseline}", "",
-                  "The compute the baseline's curve needs to reach each variant's loss, divided by the variant's "
-                  "compute (above 1×: the variant is worth more compute than it costs); 95% bootstrap interval.", "",
-                  multiplier_table(runs, found, baseline).to_markdown(index=False), ""]
-    else:
-        lines += [f"No run of the baseline '{baseline}' in the ladder: no multiplier.", ""]
-    if figure:
-        lines += [f"![Loss against compute]({figure})", ""]
-    return "\n".join(lines)
-
-
-def document(runs: pd.DataFrame, found: dict[str, Fit], baseline: str, experiment: str, facts: Mapping[str, str],
-             figure: str | None = None, bootstrap: int = BOOTSTRAP) -> str:
-    """The scaling study of one ladder: where its numbers come from, the ladder's runs, fits and multipliers."""
-    lines = [f"# Scaling study: {experiment}", "",
-             *[f"- **{k.capitalize()}:** {v}" for k, v in facts.items()], ""]
-    if runs.attrs.get("left_out"):
-        n = runs.attrs["left_out"]
-        lines += [f"{n} finished run{'s' * (n != 1)} left out: no model config (a run imported from elsewhere), no "
-                  "final eval loss, or a loss or compute that is not a finite number.", ""]
-    if not runs.empty:
-        lines += ["## Ladder", "", "Each size's finished runs: median training compute and the last eval loss "
-                  "(mean ± standard deviation over seeds).", "", ladder_table(runs).to_markdown(index=False), ""]
-    lines.append(section(runs, baseline, figure, bootstrap, found))
-    return "\n".join(lines)
+    table = g.agg(runs=("loss", "size"), compute=("compute", "median"), mean=("loss", "mean"), sd=("loss", "std"),
+                  **budget)
+    table = table.reset_index().sort_values(["compute", "variant"], kind="stable")
+    out = pd.DataFrame({"size": table["size"], "variant": table["variant"], "runs": table["runs"].astype(int),
+                        "compute (FLOPs)": [_num(c) for c in table["compute"]],
+                        "eval loss": [numbers.loss(m) + (f" ± {numbers.loss(sd)}" if math.isfinite(sd) else "")
+                                      for m, sd in zip(table["mean"], table["sd"], strict=True)]})
+    if budget and table["steps"].notna().any():
+        out["steps (warmup)"] = [f"{s:.0f} ({w:.0f})" if math.isfinite(s) and math.isfinite(w) else numbers.MISSING
+                                 for s, w in zip(table["steps"], table["warmup"], strict=True)]
+        out["tokens/param"] = [f"{t / p:.3g}" if math.isfinite(t / p) else numbers.MISSING
+                               for t, p in zip(table["tokens"], table["params"], strict=True)]
+    return out
 
 
 def figure(runs: pd.DataFrame, found: dict[str, Fit]) -> object:
-    """Loss against compute on log axes: each run a point, each fitted law a line (extended to 10× the ladder)."""
+    """Loss against compute on log axes: each run a point, each fitted law a line, dashed past the ladder's largest
+    compute (to 10× it): an extrapolation."""
     from reports.plots import plt  # (with its headless backend)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    lo, hi = float(runs["compute"].min()), float(runs["compute"].max()) * EXTRAPOLATE[0]
-    grid = np.geomspace(lo, hi, 200)
+    lo, top = float(runs["compute"].min()), float(runs["compute"].max())
+    grid = np.unique(np.append(np.geomspace(lo, top * EXTRAPOLATE[0], 200), top))
     for i, (name, f) in enumerate(found.items()):
         color = f"C{i % 10}"
         mine = runs[runs["variant"] == name]
         ax.scatter(mine["compute"], mine["loss"], color=color, s=18, label=f"{name} ({len(mine)} runs)")
         if f.ok:
-            ax.plot(grid, f.loss(grid), color=color, lw=1.5,
+            inside = grid <= top
+            ax.plot(grid[inside], f.loss(grid[inside]), color=color, lw=1.5,
                     label=f"{name}: E={param('e', f.e)}, α={param('alpha', f.alpha)}")  # (as the table has them)
+            beyond = grid >= top
+            ax.plot(grid[beyond], f.loss(grid[beyond]), color=color, lw=1.0, ls="--")
     from matplotlib.ticker import FormatStrFormatter
 
     ax.set_xscale("log")

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
 from attnres.tracking.states import DIVERGED, EARLY, FAILED, INCOMPLETE, KILLED, STOPPED
+from reports.power import ALPHA, UPPER, pairs_needed, sd_upper, seeds_needed
 
 MARKS = {DIVERGED: "diverged", STOPPED: "stopped early", FAILED: "failed", KILLED: "killed",
          INCOMPLETE: "incomplete (logged steps missing from the database)"}
-ALPHA, POWER = 0.05, 0.8
 
 
 class ReportError(ValueError):
@@ -124,114 +123,19 @@ def paired(a: dict[int, float], b: dict[int, float]) -> tuple[int, float, float,
     return len(diffs), mean, float(res.statistic), float(res.pvalue)
 
 
-def _two_sided(df: np.ndarray | float, nc: np.ndarray | float, alpha: float) -> np.ndarray:
-    """Power of a two-sided t-test with ``df`` degrees of freedom at noncentrality ``nc`` (noncentral t), elementwise:
-    a seed-count search asks for many counts in one call (scipy's per-call overhead, not the maths, is its cost).
-
-    scipy's noncentral t returns NaN for some far tails (the lower one, against a large noncentrality,
-    where the probability is below 1e-30): such a tail counts as 0 (its complement as 1), so a large
-    effect gets its power of about 1 instead of a NaN that would stop the search for a seed count.
-    """
-    df, nc = np.broadcast_arrays(np.asarray(df, dtype=float), np.asarray(nc, dtype=float))
-    crit = stats.t.ppf(1 - alpha / 2, df)
-    upper = np.asarray(stats.nct.sf(crit, df, nc), dtype=float)
-    bad = ~np.isfinite(upper)
-    if bad.any():
-        upper = upper.copy()
-        upper[bad] = 1.0 - np.asarray(stats.nct.cdf(crit[bad], df[bad], nc[bad]), dtype=float)
-        still = ~np.isfinite(upper)
-        upper[still] = np.where(nc[still] > crit[still], 1.0, 0.0)
-    lower = np.asarray(stats.nct.cdf(-crit, df, nc), dtype=float)
-    return np.minimum(1.0, upper + np.where(np.isfinite(lower), lower, 0.0))
-
-
-def _t_powers(n: np.ndarray, effect: float, alpha: float) -> np.ndarray:
-    return _two_sided(2 * n - 2, abs(effect) * np.sqrt(n / 2), alpha)
-
-
-def _paired_powers(n: np.ndarray, effect: float, alpha: float) -> np.ndarray:
-    return _two_sided(n - 1, abs(effect) * np.sqrt(n), alpha)
-
-
-def t_power(n: int, effect: float, alpha: float = ALPHA) -> float:
-    """Exact power of a two-sided two-sample t-test with ``n`` per arm at standardized ``effect``
-    (noncentral t with 2n - 2 degrees of freedom)."""
-    return float(_t_powers(np.asarray(float(n)), effect, alpha))
-
-
-def paired_power(n: int, effect: float, alpha: float = ALPHA) -> float:
-    """Exact power of a two-sided paired t-test over ``n`` pairs at ``effect`` = Δ / σ of the differences
-    (noncentral t with n - 1 degrees of freedom: statsmodels' ``TTestPower``)."""
-    return float(_paired_powers(np.asarray(float(n)), effect, alpha))
-
-
-WINDOW = 16  # seed counts a search evaluates in one call, doubled while the answer is not inside
-
-
-def _smallest(powers: Callable[[np.ndarray], np.ndarray], start: int, power: float, limit: int) -> float:
-    """The smallest n >= 2 with power ``powers(n) >= power`` (power rises with n; ``powers`` takes an array of
-    counts), searched in windows around ``start``: one or two scipy calls, whatever the count; inf past ``limit``."""
-    start = int(min(limit, max(2, start)))
-    lo, width = max(2, start - 4), WINDOW
-    enough: int | None = None  # the smallest count known to be enough
-    while True:
-        hi = min(limit, lo + width - 1) if enough is None else enough - 1
-        counts = np.arange(lo, hi + 1, dtype=float)
-        ok = np.flatnonzero(powers(counts) >= power)  # (never empty: below a count found enough, lo < it)
-        if len(ok):
-            enough = int(counts[ok[0]])
-            if ok[0] > 0 or lo == 2:
-                return float(enough)
-            lo, width = max(2, lo - width), width * 2  # the normal approximation overshot: look below
-        elif enough is not None:
-            return float(enough)
-        elif hi >= limit:
-            return math.inf
-        else:
-            lo, width = hi + 1, width * 2
-
-
-def seeds_needed(delta: float, std_a: float, std_b: float, alpha: float = ALPHA, power: float = POWER,
-                 limit: int = 100_000) -> float:
-    """Seeds per arm for a two-sample t-test (α, power) to detect ``delta`` with the observed spread.
-
-    The spread is the pooled std of the arms that have one (NaN when neither does: one seed per arm
-    cannot estimate it). Exact, from the noncentral t; never below 2 (a test needs 2 per arm).
-    """
-    sds = [s for s in (std_a, std_b) if s == s and not math.isinf(s)]
-    if not sds or not math.isfinite(delta) or delta == 0:
-        return math.nan
-    sigma = math.sqrt(sum(s * s for s in sds) / len(sds))
-    if sigma == 0:
-        return 2.0
-    effect = abs(delta) / sigma
-    # bracket from the normal approximation (the t-test needs a little more than the z-test), then bisect
-    z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
-    return _smallest(lambda n: _t_powers(n, effect, alpha), math.ceil(2 * (z / effect) ** 2), power, limit)
-
-
-def pairs_needed(delta: float, sd_diff: float, alpha: float = ALPHA, power: float = POWER,
-                 limit: int = 100_000) -> float:
-    """Seeds per arm (pairs: the same seeds in both arms) for a paired t-test (α, power) to detect ``delta``
-    when the per-seed differences have std ``sd_diff``; never below 2. NaN without a spread estimate."""
-    if not math.isfinite(delta) or delta == 0 or not math.isfinite(sd_diff):
-        return math.nan
-    if sd_diff == 0:
-        return 2.0
-    effect = abs(delta) / sd_diff
-    z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
-    return _smallest(lambda n: _paired_powers(n, effect, alpha), math.ceil((z / effect) ** 2), power, limit)
-
-
-UPPER = 0.8  # the confidence of the spread's upper bound that seed counts are also given at
-
-
-def sd_upper(sd: float, df: float, confidence: float = UPPER) -> float:
-    """The one-sided upper confidence bound of a std estimated with ``df`` degrees of freedom (chi-square):
-    a spread from 2-4 seeds may well be twice what it seems, and a seed count resting on it with it."""
-    if not (math.isfinite(sd) and df >= 1):
-        return math.nan
-    return sd * math.sqrt(df / stats.chi2.ppf(1 - confidence, df))
+def holm(pvals: list[float] | np.ndarray, alpha: float = ALPHA) -> tuple[np.ndarray, np.ndarray]:
+    """Holm–Bonferroni: (reject, adjusted p) in the order given; the same figures as statsmodels'
+    ``multipletests(method="holm")`` (a test holds them equal), which calls ``gc.collect()`` on every call:
+    0.1 s and more in a report's heap, once per family and document, where the arithmetic is microseconds."""
+    p = np.asarray(pvals, dtype=float)
+    order = np.argsort(p, kind="mergesort")
+    steps = np.arange(len(p), 0, -1)
+    adjusted_sorted = np.minimum(1.0, np.maximum.accumulate(p[order] * steps))
+    over = np.nonzero(p[order] > alpha / steps)[0]
+    reject_sorted = np.arange(len(p)) < (over[0] if over.size else len(p))
+    adjusted, reject = np.empty_like(p), np.empty(len(p), dtype=bool)
+    adjusted[order], reject[order] = adjusted_sorted, reject_sorted
+    return reject, adjusted
 
 
 def shown(delta: float, digits: int = 3) -> float:
@@ -280,6 +184,34 @@ def interval(a: dict[int, float], b: dict[int, float], confidence: float = 1 - A
     return float(ci.low), float(ci.high)
 
 
+def intervals(a: np.ndarray, b: np.ndarray, paired: bool, confidence: float = 1 - ALPHA
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`interval` for many steps at once: ``a`` and ``b`` are (steps x seeds) matrices of two arms' values
+    (``paired``: the same seeds in the same columns), one row per step. The same t-intervals (paired over the
+    differences, else Welch-Satterthwaite), as arrays, with one call of the t quantile: the Δ figure's band asks
+    for one per step and variant, thousands in a long run. NaN rows where :func:`interval` gives NaN."""
+    steps, n_a, n_b = a.shape[0], a.shape[1], b.shape[1]
+    nan = np.full(steps, math.nan)
+    if n_a < 2 or n_b < 2 or not 0 < confidence < 1:
+        return nan, nan.copy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if paired:
+            d = a - b
+            flat_rows = np.ptp(d, axis=1) == 0
+            se, df = np.std(d, axis=1, ddof=1) / math.sqrt(n_a), np.full(steps, n_a - 1.0)
+            mid = d.mean(axis=1)
+        else:
+            flat_rows = (np.ptp(a, axis=1) == 0) & (np.ptp(b, axis=1) == 0)
+            va, vb = np.var(a, axis=1, ddof=1) / n_a, np.var(b, axis=1, ddof=1) / n_b
+            se = np.sqrt(va + vb)
+            df = (va + vb) ** 2 / (va ** 2 / (n_a - 1) + vb ** 2 / (n_b - 1))
+            mid = a.mean(axis=1) - b.mean(axis=1)
+        q = stats.t.ppf(0.5 + confidence / 2, df)
+        lo, hi = mid - q * se, mid + q * se
+    lo[flat_rows], hi[flat_rows] = math.nan, math.nan
+    return lo, hi
+
+
 def decision_confidence(p: float, p_decided: float, alpha: float = ALPHA) -> float:
     """The confidence of the interval that agrees with a decision: a test whose p-value enters its decision
     as ``p_decided`` (Holm-adjusted, after sequential looks) is decided at α exactly when its interval at
@@ -302,53 +234,56 @@ def level_text(confidence: float) -> str:
 
 def seed_plan(a: dict[int, float], b: dict[int, float], delta: float, alpha: float = ALPHA,
               pooled: tuple[float, int] = (math.nan, 0), complete: bool = False) -> dict[str, object]:
-    """Seeds per arm to resolve ``delta`` at ``alpha``, for the design the next test will have, with the
-    count at the spread's 80% upper bound beside it (both rest on few seeds).
+    """Seeds per arm to resolve ``delta`` at ``alpha`` with power 0.8, for the design the next test will have:
+    planned at the spread's :data:`UPPER` upper confidence bound (``need``), so that a spread from few seeds,
+    which is as often too small as too large, does not plan too few; the count at the spread as observed
+    (``observed``) beside it.
 
     Arms holding the same 2+ seeds are planned paired (σ of the per-seed differences), as that is the
     test they get (:func:`design`) and a plan adds the same seeds to both; with ``complete`` (a plan gives each
     arm the seeds the other holds: :mod:`reports.pairs`), so are arms sharing 2+ seeds, from the differences
     over those, for at least the seeds the two hold between them; otherwise Welch with the arms'
     spread, or ``pooled`` (std, degrees of freedom: the scope's seed spread) when neither arm has two
-    seeds. Returns design, need, upper, basis.
+    seeds. Returns design, need, observed, basis.
     """
     shared = sorted(set(a) & set(b))
     if complete and design(a, b) != PAIRED and len(shared) >= 2:
         diffs = np.array([a[s] - b[s] for s in shared], dtype=float)
         sd, df, least = float(np.std(diffs, ddof=1)), len(diffs) - 1, len(set(a) | set(b))
-        need, upper = (max(float(least), x) if x == x else x
-                       for x in (pairs_needed(delta, sd, alpha), pairs_needed(delta, sd_upper(sd, df), alpha)))
-        return {"design": PAIRED, "need": need, "upper": upper,
+        observed, need = (max(float(least), x) if x == x else x
+                          for x in (pairs_needed(delta, sd, alpha), pairs_needed(delta, sd_upper(sd, df), alpha)))
+        return {"design": PAIRED, "need": need, "observed": observed,
                 "basis": f"σ of {len(diffs)} paired differences, once each arm holds the other's seeds"}
     if design(a, b) == PAIRED:
         diffs = np.array([a[s] - b[s] for s in sorted(a)], dtype=float)
         sd, df = float(np.std(diffs, ddof=1)), len(diffs) - 1
-        need = pairs_needed(delta, sd, alpha)
-        return {"design": PAIRED, "need": need, "upper": pairs_needed(delta, sd_upper(sd, df), alpha),
+        return {"design": PAIRED, "need": pairs_needed(delta, sd_upper(sd, df), alpha),
+                "observed": pairs_needed(delta, sd, alpha),
                 "basis": f"σ of {len(diffs)} paired differences"}
     sds = [(float(np.std(list(x.values()), ddof=1)), len(x) - 1) for x in (a, b) if len(x) >= 2]
     basis = "the arms' spread"
     if not sds and math.isfinite(pooled[0]):
         sds, basis = [(pooled[0], 0)], "the pooled spread"
     if not sds:
-        return {"design": WELCH, "need": math.nan, "upper": math.nan, "basis": "no spread"}
+        return {"design": WELCH, "need": math.nan, "observed": math.nan, "basis": "no spread"}
     df = pooled[1] if basis == "the pooled spread" else sum(d for _, d in sds)
     sd = math.sqrt(sum(s * s for s, _ in sds) / len(sds))
-    return {"design": WELCH, "need": seeds_needed(delta, sd, sd, alpha),
-            "upper": seeds_needed(delta, sd_upper(sd, df), sd_upper(sd, df), alpha), "basis": basis}
+    high = sd_upper(sd, df)
+    return {"design": WELCH, "need": seeds_needed(delta, high, high, alpha),
+            "observed": seeds_needed(delta, sd, sd, alpha), "basis": basis}
 
 
-def need_text(need: float, upper: float = math.nan, how: str = "", unit: str = "") -> str:
-    """'~3 (paired; up to 9 if σ is at its 80% upper bound)', '~3', '> 100,000' or 'n/a'; ``unit`` follows the
-    count ('~3 seeds per arm (paired; ...)')."""
+def need_text(need: float, observed: float = math.nan, how: str = "", unit: str = "") -> str:
+    """'~9 (paired; power 0.8 with σ at its 90% upper bound; ~3 at σ as observed)', '~3', '> 100,000' or 'n/a';
+    ``unit`` follows the count ('~9 seeds per arm (paired; ...)'). The first count is the plan (it keeps its
+    stated power when the spread was underestimated); the one at σ as observed shows what the uncertainty costs."""
     if need != need:
         return "n/a"
     notes = [how] if how else []
     if math.isinf(need):
         return "> 100,000" + unit + (f" ({how})" if how else "")
-    if upper == upper and upper > need:
-        notes.append("up to " + ("> 100,000" if math.isinf(upper) else f"{upper:,.0f}")
-                     + f" if σ is at its {UPPER:.0%} upper bound")
+    if observed == observed and observed < need:
+        notes.append(f"power 0.8 with σ at its {UPPER:.0%} upper bound; ~{observed:,.0f} at σ as observed")
     return f"~{need:,.0f}{unit}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
@@ -363,7 +298,7 @@ def versus(a: dict[int, float], b: dict[int, float]) -> dict[str, float]:
     pairs, pdelta, pt, pp = paired(a, b)
     size = seed_plan(a, b, delta)
     return {"delta": delta, "t": t, "p": p, "n": len(x), "n_base": len(y), "pairs": pairs, "paired_delta": pdelta,
-            "paired_t": pt, "paired_p": pp, "seeds_needed": size["need"], "seeds_upper": size["upper"],
+            "paired_t": pt, "paired_p": pp, "seeds_needed": size["need"], "seeds_observed": size["observed"],
             "design": size["design"]}
 
 

@@ -53,7 +53,7 @@ def test_compare_markdown_has_integer_steps_and_counts_dashes_and_gib(seed_db, c
     every = {r["variant"]: r for r in table(text, "### Every figure")}
     hybrid, standard = every["block_hybrid_memory"], every["standard"]
     assert (standard["seeds"], hybrid["seeds"]) == ("1", "4")
-    assert re.fullmatch(r"\d+", hybrid["seeds_needed"]) and re.fullmatch(r"\d+", hybrid["seeds_if_sd_80pct_high"])
+    assert re.fullmatch(r"\d+", hybrid["seeds_needed"]) and re.fullmatch(r"\d+", hybrid["seeds_at_observed_sd"])
     assert re.fullmatch(r"\d+", hybrid["paired_n"])
     assert standard["seeds_needed"] == "—" and standard["p"] == "—" and standard["std"] == "—"  # the first arm
     summary = {r["arm"]: r for r in table(text, "## Statistics over seeds")}

@@ -9,6 +9,7 @@ import shlex
 import subprocess
 
 import numpy as np
+import pandas as pd
 import pytest
 from helpers import arms_csv, in_process
 from scipy import stats
@@ -20,8 +21,9 @@ from attnres.variants.registry import VARIANTS, resolve_run
 from reports import document, plots
 from reports.build import compare
 from reports.document import Inputs
+from reports.evidence import family_alpha
 from reports.scope import select
-from reports.stats import decision_confidence, interval
+from reports.stats import decision_confidence, design, interval
 
 STEPS = [0, 25, 50, 75, 100]
 
@@ -99,7 +101,7 @@ def test_the_delta_band_is_the_tables_interval_of_the_difference(workdir, capsys
         lo, hi = c.ci
         # the table's interval: the test's (paired over the same seeds, else Welch) at the decision's level
         assert (lo, hi) == pytest.approx(ci_by_hand(SCENARIO[variant], SCENARIO["standard"], c.ci_level), abs=1e-9)
-        assert c.ci_level == pytest.approx(decision_confidence(c.p, c.p_adj))
+        assert c.ci_level == pytest.approx(decision_confidence(c.p, c.p_adj, family_alpha(c.family)))
         assert row["Δ interval"].startswith(f"[{lo:+.3f}, {hi:+.3f}]")
         assert row["Test"] == ("Welch" if variant == "control_block" else "paired (3 pairs)")
         # the figure draws that same interval at the compared step
@@ -244,3 +246,55 @@ def test_a_report_of_one_swept_variant_points_to_comparing_its_cells(workdir, ca
     assert code == 0, err
     text = (workdir / "r.md").read_text()
     assert "Baseline = control_block@lr=0.003" in text and "| control_block@lr=0.001" in text
+
+
+def _band_one_step_at_a_time(runs, evals, variant, baseline, confidence=0.95, run_ids=None):
+    """The Δ band as it was computed before it was vectorised (one scipy test per step), kept as the reference
+    the vectorised one must equal."""
+    from reports.stats import finite
+
+    keep = runs if run_ids is None else runs[runs["id"].isin(list(run_ids))]
+    keep = keep[keep["variant"].isin([variant, baseline])].sort_values("id")
+    keep = keep.drop_duplicates(["variant", "seed"], keep="last")
+    ev = finite(evals).merge(keep[["id", "variant", "seed"]], left_on="run_id", right_on="id")
+    rows = []
+    for st, at in ev.groupby("step"):
+        arms = {v: dict(zip(g["seed"].astype(int), g["value"].astype(float), strict=True))
+                for v, g in at.groupby("variant")}
+        a, b = arms.get(variant), arms.get(baseline)
+        if not a or not b:
+            continue
+        lo, hi = interval(a, b, confidence)
+        rows.append((int(st), float(np.mean(list(a.values())) - np.mean(list(b.values()))), lo, hi, len(a),
+                     design(a, b) if len(a) >= 2 and len(b) >= 2 else ""))
+    return pd.DataFrame(rows, columns=["step", "delta", "lo", "hi", "n", "test"])
+
+
+def test_the_vectorised_delta_band_equals_one_test_per_step():
+    """The Δ figure's band (issue 48: 27,000 scipy tests in a 600k-row report) is computed over all steps at once:
+    the same steps, Δ, interval, seed count and test as one test per step, over seeds that end early, reruns, arms
+    with other seeds, one seed, flat differences and a step only one arm reached."""
+    rng = np.random.default_rng(48)
+    for case in range(60):
+        runs, evals, rid = [], [], 0
+        for variant in ("standard", "control_block"):
+            seeds = rng.choice([1, 2, 3, 4, 5], size=int(rng.integers(1, 5)), replace=False)
+            for seed in seeds:
+                for _ in range(int(rng.integers(1, 3))):  # sometimes a rerun of the seed
+                    rid += 1
+                    last = int(rng.choice([40, 100, 100, 100]))  # some end early
+                    runs.append({"id": rid, "variant": variant, "seed": int(seed)})
+                    flat = case % 7 == 0
+                    for step in range(0, last + 1, 10):
+                        value = 3.0 - step / 1000 + (0.0 if flat else float(rng.normal(0, 0.01)))
+                        evals.append({"run_id": rid, "step": step, "value": value})
+        runs, evals = pd.DataFrame(runs), pd.DataFrame(evals)
+        picked = None if case % 3 else list(runs["id"].sample(frac=0.8, random_state=case))
+        for confidence in (0.95, 0.9875):
+            got = plots.delta_series(runs, evals, "control_block", "standard", confidence, picked)
+            want = _band_one_step_at_a_time(runs, evals, "control_block", "standard", confidence, picked)
+            assert list(got["step"]) == list(want["step"]) and list(got["n"]) == list(want["n"]), case
+            assert list(got["test"]) == list(want["test"]), case
+            for col in ("delta", "lo", "hi"):
+                assert np.allclose(got[col].astype(float), want[col].astype(float), rtol=0, atol=1e-12,
+                                   equal_nan=True), (case, col)

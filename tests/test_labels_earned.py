@@ -35,14 +35,6 @@ def here(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.fixture
-def quiet_gc(monkeypatch):
-    """statsmodels' Holm step collects garbage on every call: switched off for the simulations."""
-    import gc
-
-    monkeypatch.setattr(gc, "collect", lambda *a: 0)
-
-
 def world(values: dict[str, dict[int, float]], tps: dict[str, float] | None = None) -> pd.DataFrame:
     """Import rows: each run finished at step 100 with the given eval loss (0.5 higher at step 50), its
     throughput and memory logged."""
@@ -243,7 +235,7 @@ def _pair(a: dict[int, float], b: dict[int, float]) -> evidence.Comparison:
     return evidence.control([c])[0]
 
 
-def test_suggestive_only_where_the_data_lean_and_rarely_when_nothing_differs(quiet_gc):
+def test_suggestive_only_where_the_data_lean_and_rarely_when_nothing_differs():
     """No true difference, 3 seeds per arm, paired or Welch: a comparison is suggestive exactly when its own
     p is below LEAN (its 90% interval excludes 0), inconclusive otherwise, so the share suggestive stays at
     LEAN (within the binomial spread of the draws); the rest are inconclusive, none resolved."""
@@ -265,7 +257,7 @@ def test_suggestive_only_where_the_data_lean_and_rarely_when_nothing_differs(qui
     assert "*inconclusive* (p ≥ 0.10" in evidence.METHOD and "below 0.10" in evidence.METHOD
 
 
-def test_null_family_worlds_are_mostly_inconclusive(quiet_gc):
+def test_null_family_worlds_are_mostly_inconclusive():
     """The bench's null design (`attnres bench errors`): a baseline and nine variants from one distribution, 3
     seeds each. Over the comparisons that are not chosen by rank (against the baseline, the contrasts), the share
     called suggestive stays near LEAN; the data lean neither way in the rest."""

@@ -30,6 +30,8 @@ BASE = {42: 3.000, 1337: 3.020, 7: 2.990}
 # in its differences, so that resolving it against standard takes more seeds than it has
 HYBRID = {s: v - 0.100 - 0.001 * i for i, (s, v) in enumerate(BASE.items())}
 CONTROL = {42: 2.985, 1337: 3.015, 7: 2.980}
+# a plan's seed counts rest on σ's upper confidence bound from 2-3 seeds: many seeds, allowed here
+MAX = 100
 
 
 def imported(workdir: Path, arms: dict[str, dict[int, float]]) -> RunStore:
@@ -57,7 +59,7 @@ def paired_before(held: dict[str, dict[int, float]]) -> list[tuple[str, str]]:
 def test_seeds_added_to_the_baseline_go_to_every_arm_that_holds_its_seeds(workdir):
     held = {"standard": BASE, "block_hybrid_memory": HYBRID, "control_block": CONTROL}
     store = imported(workdir, held)
-    plan = next_plan(store, "standard")
+    plan = next_plan(store, "standard", max_seeds=MAX)
     final = after(plan, held)
     assert final["standard"] > set(BASE)  # the plan adds seeds to the baseline (control_block vs standard)...
     for a, b in paired_before(held):  # ...and to every arm paired with it: no comparison falls back to Welch's
@@ -65,7 +67,7 @@ def test_seeds_added_to_the_baseline_go_to_every_arm_that_holds_its_seeds(workdi
     # the never-run variants get the baseline's seeds as they will be after the plan, so they pair too
     fresh = {v for v, _, _ in plan.cells((NEW,))}
     assert fresh and all(final[v] == final["standard"] for v in fresh)
-    shown = cli_here("next", check=True).stdout
+    shown = cli_here("next", "--max-seeds", str(MAX), check=True).stdout
     added = sorted(final["standard"] - set(BASE))
     assert f"block_hybrid_memory gets the same new seeds as control_block, standard ({pairs.seeds_text(added)})" \
         in shown
@@ -79,14 +81,14 @@ def test_without_the_resolve_part_the_never_run_variants_take_the_baselines_seed
     `--only resolve` later adds its new seeds to them as well: they hold the baseline's seeds)."""
     held = {"standard": BASE, "block_hybrid_memory": HYBRID, "control_block": CONTROL}
     store = imported(workdir, held)
-    plan = next_plan(store, "standard", kinds=(NEW,))
+    plan = next_plan(store, "standard", max_seeds=MAX, kinds=(NEW,))
     final = after(plan, held, (NEW,))
     assert final["standard"] == set(BASE)
     fresh = {v for v, _, _ in plan.cells((NEW,))}
     assert fresh and all(final[v] == set(BASE) for v in fresh)
-    shown = cli_here("next", "--only", "new", check=True).stdout
+    shown = cli_here("next", "--only", "new", "--max-seeds", str(MAX), check=True).stdout
     assert "planned with standard's seeds (7, 42, 1337), so they pair." in shown  # (most shared first)
-    whole = next_plan(store, "standard")  # the whole plan: the baseline and its arms get the same new seeds
+    whole = next_plan(store, "standard", max_seeds=MAX)  # the whole plan: the baseline and its arms get the same seeds
     assert after(whole, held)["standard"] > set(BASE)
     everything = after(whole, held)
     assert all(everything[v] == everything["standard"] for v in fresh)
@@ -100,10 +102,10 @@ def test_a_comparison_that_lost_its_pairing_is_paired_again(workdir):
     base = {s: 3.0 + float(rng.normal(0, 0.02)) for s in (42, 1337, 1, 2, 3, 4, 5, 6)}
     held = {"standard": base, "block_hybrid_memory": {42: base[42] - 0.010, 1337: base[1337] - 0.012}}
     store = imported(workdir, held)
-    plan = next_plan(store, "standard")
+    plan = next_plan(store, "standard", max_seeds=MAX)
     final = after(plan, held, (RESOLVE,))
     assert final["block_hybrid_memory"] == final["standard"] >= set(base)
-    shown = cli_here("next", check=True).stdout
+    shown = cli_here("next", "--max-seeds", str(MAX), check=True).stdout
     assert "(paired once each arm holds the other's seeds" in shown
     assert f"block_hybrid_memory vs standard becomes paired: both arms will hold the same " \
            f"{len(final['standard'])} seeds" in shown
@@ -169,3 +171,28 @@ def test_a_pairing_beyond_max_seeds_is_left_apart_and_said():
 @pytest.mark.parametrize("seeds,text", [([42, 1337, 1, 2, 3, 4], "42, 1337, 1–4"), ([7], "7"), ([1, 2], "1, 2")])
 def test_seeds_text(seeds, text):
     assert pairs.seeds_text(seeds) == text
+
+
+def test_a_spread_from_two_seeds_widens_the_pilot_before_promising_power(workdir):
+    """Two seeds per arm: the spread of their one paired difference has a 90% upper bound 7.9 times itself, and
+    the count planned at it (~35) passes --max-seeds 10 where the count at the spread as observed (~4) does not.
+    The plan widens the pilot to 4 seeds per arm to measure the spread, registered as a pilot (no power
+    promised), rather than giving up on the comparison."""
+    held = {"standard": {1: 3.000, 2: 3.020}, "control_block": {1: 2.980, 2: 3.005}}
+    store = imported(workdir, held)
+    plan = next_plan(store, "standard", kinds=(RESOLVE,))
+    c = next(x for x in plan_comparisons(store) if x.a == "control_block")
+    assert not c.resolved and c.need > 10 >= c.need_observed
+    assert after(plan, held, (RESOLVE,)) == {"standard": {1, 2, 3, 4}, "control_block": {1, 2, 3, 4}}
+    registered = plan.registration_of((RESOLVE,))["comparisons"]
+    assert [(p["variant"], p["against"], p["n"], p["purpose"]) for p in registered] == [
+        ("control_block", "standard", [4, 4], "pilot")]
+    shown = cli_here("next", "--only", "resolve", check=True).stdout
+    assert "Planned: a wider pilot of 4 seeds per arm first, to measure the spread" in shown
+
+
+def plan_comparisons(store: RunStore) -> list:
+    """The comparisons of the store's document (the report's own analysis, resolve part only)."""
+    from reports.build_study import next_analysis
+
+    return next_analysis(store, "standard", kinds=(RESOLVE,))[1].tests

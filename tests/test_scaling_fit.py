@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from reports import scaling
+from reports import scaling, scaling_doc
 
 E, ALPHA = 2.0, 0.3
 A = 2.0 * 1e12**ALPHA  # the reducible loss is 2.0 at the smallest compute
@@ -41,8 +41,8 @@ def test_a_variant_worth_more_compute_gets_its_multiplier():
     found = scaling.fits(runs, bootstrap=200)
     value, ci = scaling.multiplier(found["attnres"], found["standard"], 1e14)
     assert ci is not None and ci[0] <= 1.25 <= ci[1] and abs(value - 1.25) < 0.15, (value, ci)
-    table = scaling.multiplier_table(runs, found, "standard")
-    assert list(table["variant"]) == ["attnres"] and "10× largest" in table.columns
+    table = scaling_doc.multiplier_table(runs, found, "standard")
+    assert list(table["variant"]) == ["attnres"] and "10× largest (extrapolated)" in table.columns
 
 
 def test_too_few_sizes_say_so_and_give_no_number():

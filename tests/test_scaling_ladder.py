@@ -20,7 +20,7 @@ from attnres.tracking import states
 from attnres.tracking.run_store import RunStore
 from attnres.variants.describe import flops_rows, model_params
 from attnres.variants.registry import resolve_run
-from reports import scaling
+from reports import scaling, scaling_doc
 from reports.build_scaling import ladder
 
 SIZES = ["32x2", "64x2", "96x3", "128x4", "160x4", "192x6"]
@@ -212,11 +212,11 @@ def test_a_swept_ladder_is_a_curve_a_setting_each_against_the_baselines_curve_at
     assert set(runs_["variant"]) == {"standard@lr=0.001", "standard@lr=0.003", "control_block@lr=0.001",
                                      "control_block@lr=0.003"} and runs_.attrs["left_out"] == 1
     found = scaling.fits(runs_, bootstrap=50)
-    table = scaling.multiplier_table(runs_, found, "standard").set_index("variant")
+    table = scaling_doc.multiplier_table(runs_, found, "standard").set_index("variant")
     assert table.loc["control_block@lr=0.003", "against"] == "standard@lr=0.003"
     assert table.loc["control_block@lr=0.001", "against"] == "standard@lr=0.001"
     assert "standard@lr=0.003" not in table.index  # a baseline's curve is not compared with another's
-    text = scaling.document(runs_, found, "standard", "lad", {})
+    text = scaling_doc.document(runs_, found, "standard", "lad", {})
     assert "1 finished run left out" in text and "### Compute-equivalent multiplier vs standard" in text
 
 

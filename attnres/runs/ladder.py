@@ -22,6 +22,7 @@ from attnres.errors import AttnresError
 
 SIZE = re.compile(r"(\d+)x(\d+)(?:x(\d+))?")
 MIN_SIZES = 4  # what a scaling fit needs (reports.scaling.MIN_SIZES): a ladder with fewer is warned about
+EXTRAPOLATE_SIZES = 5  # what a multiplier past the ladder needs (2 residual dof: reports.scaling_checks.MIN_DOF)
 MAX_TOKENS = 10**18  # a budget past any ladder's (and past what a step count can hold)
 _SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9}
 
@@ -39,9 +40,13 @@ def parse_tokens(value: str | None) -> int | None:
 
 
 def warning(sizes: list[Size]) -> str | None:
-    """What the user should hear before a ladder too short to fit trains."""
-    if len(sizes) >= MIN_SIZES:
+    """What the user should hear before a ladder too short to fit, or to extrapolate from, trains."""
+    if len(sizes) >= EXTRAPOLATE_SIZES:
         return None
+    if len(sizes) >= MIN_SIZES:
+        return (f"{len(sizes)} sizes leave a scaling law {len(sizes) - 3} residual degree of freedom: `report "
+                f"--scaling` fits it, but gives no multiplier past the ladder's largest compute before "
+                f"{EXTRAPOLATE_SIZES} sizes (add sizes, or launch more later into the same experiment)")
     return (f"{len(sizes)} size{'s' * (len(sizes) != 1)}: a scaling law has three parameters, so `report --scaling` "
             f"fits a variant from {MIN_SIZES} sizes on (add sizes, or launch more later into the same experiment)")
 

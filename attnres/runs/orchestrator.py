@@ -53,12 +53,12 @@ class Stage:
     """The launch that the runs created now belong to: recorded when its first new run is, so a relaunch
     that only continues interrupted runs (which keep their own) adds no stage."""
 
-    def __init__(self, origin: str = launches.LAUNCH, plan: dict | None = None) -> None:
-        self.origin, self.plan, self.id = origin, plan, None
+    def __init__(self, origin: str = launches.LAUNCH, plan: dict | None = None, study: int | None = None) -> None:
+        self.origin, self.plan, self.study, self.id = origin, plan, study, None
 
     def __call__(self, store: RunStore) -> int:
         if self.id is None:
-            self.id = store.new_launch(self.origin, self.plan)
+            self.id = store.new_launch(self.origin, self.plan, self.study)
         return self.id
 
 
@@ -131,14 +131,15 @@ def launch(store: RunStore, req: LaunchRequest, cells: Sequence[PlannedRun], *, 
 def launch_plan(store: RunStore, batches: Sequence[tuple[LaunchRequest, Sequence[PlannedRun]]],
                 plan: dict, *, detach: bool = False,
                 on_queued: Callable[[list[int]], Callable[[], None] | None] | None = None,
-                ) -> tuple[list[int], Submitted]:
+                study: int | None = None) -> tuple[list[int], Submitted]:
     """Launch a plan's requests (``attnres next --launch``; each with its cells from :func:`planning.plan`) as one
     stage that records ``plan``: the comparisons it is meant to resolve and the seeds per arm it planned, which
-    a report then tests as planned."""
+    a report then tests as planned. ``study``: the study (``attnres study``) the stage belongs to, recorded with
+    the stage itself, so an interrupted study knows every stage it launched."""
     if not batches or all(c.skip for _, cells in batches for c in cells):
         return [], Submitted([])
     (req, cells), *more = batches
-    return launch(store, req, cells, detach=detach, on_queued=on_queued, stage=Stage(launches.NEXT, plan),
+    return launch(store, req, cells, detach=detach, on_queued=on_queued, stage=Stage(launches.NEXT, plan, study),
                   more=more)
 
 

@@ -163,7 +163,7 @@ def check_location(engine: Engine) -> None:
         _FILES[id(engine)] = now
 
 
-HEAD = "0010"  # the newest Alembic revision under migrations/versions
+HEAD = "0011"  # the newest Alembic revision under migrations/versions
 
 # What each revision adds that can be seen in a SQLite file: columns of ``runs``, and tables or indexes (by
 # name); a new migration adds its line. An upgrade by an earlier attnres committed the first migration's
@@ -179,6 +179,7 @@ _ADDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "0008": (("conditions_json",), ("benchmarks", "ix_benchmarks_session")),
     "0009": (("queue_host", "queue_pid", "queue_since"), ()),
     "0010": (("placement_json",), ()),
+    "0011": ((), ("studies", "ix_studies_command_key")),
 }
 
 

@@ -23,13 +23,14 @@ if TYPE_CHECKING:
 LAUNCH, NEXT, IMPORT, RESUME, DIRECT = "launch", "next", "import", "resume", "direct"
 
 
-def create(engine: Engine, origin: str, plan: Mapping[str, object] | None = None) -> int:
-    """Record a launch (``origin``: launch, next or import) and return its id, which its runs keep."""
+def create(engine: Engine, origin: str, plan: Mapping[str, object] | None = None, study: int | None = None) -> int:
+    """Record a launch (``origin``: launch, next or import; ``study``: the study it is a stage of) and return its
+    id, which its runs keep."""
     from attnres.tracking.store import now
 
     with engine.begin() as conn:
         return int(conn.execute(insert(Launch).values(
-            created_at=now(), origin=origin,
+            created_at=now(), origin=origin, study_id=study,
             plan_json=json.dumps(plan, sort_keys=True) if plan else None)).inserted_primary_key[0])
 
 

@@ -6,7 +6,7 @@ and what comes out are plain values (:class:`RunRecord`, dicts, DataFrames). The
 the job of the tracking module that holds their SQL: runs and metrics (:mod:`~attnres.tracking.store`),
 a run's life (:mod:`~attnres.tracking.lifecycle`), the three run listings (``status_runs``, the fast
 Core-only path of ``attnres status``; ``runs_frame``, every column; ``run_table``, what reports group),
-completeness, launches, mirrors, benchmarks, depth maps, results, export and import.
+completeness, launches, studies, mirrors, benchmarks, depth maps, results, export and import.
 
 Modules are imported where a method needs them: ``attnres status`` opens a store and reads its listing
 without the ORM or pandas (:mod:`attnres.tracking.listing`).
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from attnres.tracking.lifecycle import Recovery
     from attnres.tracking.reads import Results
     from attnres.tracking.states import Outcome
+    from attnres.tracking.studies import Studies
     from attnres.tracking.writer import MetricWriter
 
 #: what a store raises when its database cannot answer (away, locked past its wait, refused)
@@ -266,17 +267,25 @@ class RunStore:
         return completeness.recheck(self._engine, actor)
 
     # -- launches -------------------------------------------------------------------------------------
-    def new_launch(self, origin: str, plan: Mapping[str, object] | None = None) -> int:
-        """Record a launch (a stage: the runs one command created) and return its id."""
+    def new_launch(self, origin: str, plan: Mapping[str, object] | None = None, study: int | None = None) -> int:
+        """Record a launch (a stage: the runs one command created; of ``study``, if one) and return its id."""
         from attnres.tracking import launches
 
-        return launches.create(self._engine, origin, plan)
+        return launches.create(self._engine, origin, plan, study)
 
     def launches_frame(self) -> pd.DataFrame:
         """Every launch, with its plan."""
         from attnres.tracking import launches
 
         return launches.frame(self._engine)
+
+    # -- studies -------------------------------------------------------------------------------------
+    @property
+    def studies(self) -> Studies:
+        """The studies (``attnres study``): their rows, drivers and stages' runs (:mod:`attnres.tracking.studies`)."""
+        from attnres.tracking.studies import Studies
+
+        return Studies(self._engine)
 
     # -- mirrors --------------------------------------------------------------------------------------
     def default_mirrors(self) -> list[str] | None:

@@ -80,6 +80,35 @@ class Launch(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime)
     origin: Mapped[str] = mapped_column(String(16))  # launch | next | import | resume | direct
     plan_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # next's pre-registration
+    study_id: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the study it is a stage of (0011)
+
+
+class Study(Base):
+    """One ``attnres study``: stages of ``attnres next --launch`` until its scope's comparisons are resolved, a
+    budget is spent or more seeds would not help (migration 0011). Its stages are the launches that name it.
+
+    Recorded before its first stage, with the driver process that works on it, so that an interrupted study is
+    continued (``--resume ID``, or the same command: ``command_key``) without launching a stage twice.
+    """
+
+    __tablename__ = "studies"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    command_key: Mapped[str] = mapped_column(String(64), index=True)  # a digest of the command that started it
+    scope_json: Mapped[str] = mapped_column(Text)  # the scope it plans in, baseline, parts and --max-seeds
+    label: Mapped[str] = mapped_column(Text)  # the scope in words
+    limits_json: Mapped[str] = mapped_column(Text)  # --max-runs, --max-hours, --deadline, --max-stages
+    state: Mapped[str] = mapped_column(String(16))  # going | interrupted | ended (attnres.tracking.studies)
+    end_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)  # how it ended or stopped, in words
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    runs_spent: Mapped[int] = mapped_column(Integer)
+    hours_spent: Mapped[float] = mapped_column(Float)  # device-hours: each run's wall time x its ranks
+    hours_carried: Mapped[float] = mapped_column(Float)  # of the attempts of its runs before the study resumed them
+    driver_host: Mapped[str | None] = mapped_column(String(255), nullable=True)  # the process driving it now
+    driver_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    driver_since: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
 
 
 class Benchmark(Base):

@@ -45,7 +45,7 @@ from attnres.runs.backends import (
     trainer_command,
 )
 from attnres.runs.backends.devices import gpu_driver_loaded, threads_per_process, visible_gpus
-from attnres.runs.backends.processes import kill_grace_s, kill_tree, process_alive
+from attnres.runs.backends.processes import detached, kill_grace_s, kill_tree, process_alive
 from attnres.runs.backends.slots import Slots
 from attnres.tracking import states
 from attnres.tracking.run_store import DatabaseError, RunRecord, RunStore
@@ -267,14 +267,9 @@ def _stop(store: RunStore, active: dict[int, Job], pending: deque[int], slots: S
 
 def start_detached(db_url: str, run_ids: Sequence[int], nproc: int, gpus_per_run: int) -> int:
     """Start the queue in the background (new session, output to a log); return its pid."""
-    log = paths.queue_log(run_ids[0])
-    log.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "attnres.runs.backends.local", "--db", db_url, "--nproc", str(nproc),
            "--gpus-per-run", str(gpus_per_run), "--runs", *map(str, run_ids)]
-    with log.open("ab") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    return proc.pid
+    return detached(cmd, paths.queue_log(run_ids[0]))
 
 
 

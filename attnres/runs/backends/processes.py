@@ -1,11 +1,14 @@
 """This machine's processes as the local backend sees them: alive or not (and not a later process that reused a
-pid), a run's process tree killed, and how long a kill lets a trainer save first."""
+pid), a run's process tree killed, how long a kill lets a trainer save first, and a process started detached."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 
 import psutil
 
@@ -50,3 +53,14 @@ def kill_grace_s() -> float:
     """How long `attnres kill` lets a run save its checkpoint before SIGKILL: ``$ATTNRES_KILL_GRACE`` seconds
     (default 30; 0 kills at once)."""
     return env_seconds("ATTNRES_KILL_GRACE", 30.0)
+
+
+def detached(command: Sequence[str], log: Path) -> int:
+    """Start ``command`` (an argument list, no shell) in the background, in a session of its own, its output appended
+    to ``log``; return its pid. It outlives the terminal that started it (a hang-up or a Ctrl-C there does not reach
+    it): what ``--detach`` starts, a queue (``attnres launch``) or a study (``attnres study``)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as fh:
+        proc = subprocess.Popen(list(command), stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    return proc.pid

@@ -1,0 +1,58 @@
+"""Where ``attnres next`` and ``attnres study`` meet the database: the analysis a plan is part of, and a study's
+outlook of its scope (what :func:`attnres.runs.study.drive` asks its planner before each stage).
+
+The library never imports the report package, so a study's driver is given its planner from here: a function that
+reads the scope's runs again and returns the plan, and how many of its comparisons are resolved, as an
+:class:`attnres.runs.study.Outlook` (:func:`reports.studies.outlook`, pure).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import pandas as pd
+
+from attnres.errors import AttnresError
+from attnres.runs.study import Outlook
+from attnres.tracking.run_store import RunStore
+from attnres.variants import traits
+from reports import studies
+from reports.analysis import Analysis, analyse
+from reports.build import _scoped, db_args, launch_plans
+from reports.plan import KINDS, MAX_SEEDS
+from reports.stats import ReportError
+
+
+def next_analysis(store: RunStore, baseline: str = "standard", experiment: str | None = None,
+                  preset: str | None = None, budget: int | None = None, data: str | None = None,
+                  pick: dict[str, str] | None = None, max_seeds: int = MAX_SEEDS,
+                  kinds: tuple[str, ...] = KINDS) -> tuple[pd.DataFrame, Analysis]:
+    """One scope's runs and their analysis as its document gives it, for the plan's parts ``kinds``: its plan is
+    what ``attnres next`` prints and launches, its tests what a study counts resolved."""
+    runs, scope, _ = _scoped(store.run_table(), experiment, preset, budget, baseline, data, pick)
+    res = store.load_results(runs=runs)
+    if baseline not in set(res.runs["variant"]):
+        raise AttnresError(f"no runs of the baseline '{baseline}' in {scope.label()}; run it or pass --baseline")
+    try:
+        return res.runs, analyse(res.runs, res.evals, scope, baseline, traits.deep_variants(), None,
+                                 launch_plans(store), max_seeds, db_args(store), kinds)
+    except ReportError as exc:
+        raise AttnresError(f"cannot plan: {exc}") from None
+
+
+def outlook(store: RunStore, baseline: str, experiment: str | None, preset: str | None, budget: int | None,
+            data: str | None, pick: dict[str, str], max_seeds: int, kinds: tuple[str, ...]) -> Outlook:
+    """The outlook of a scope now (the scope chosen as ``attnres next`` chooses it): a new study's first look,
+    which also checks the scope and the baseline before anything is recorded."""
+    runs, analysis = next_analysis(store, baseline, experiment, preset, budget, data, pick, max_seeds, kinds)
+    return studies.outlook(analysis, runs, kinds, max_seeds, pick)
+
+
+def planner(store: RunStore, scope: Mapping[str, object]) -> Callable[[], Outlook]:
+    """A recorded study's planner: the outlook of the scope it pinned (``studies.scope_json``), made anew each time."""
+    def plan() -> Outlook:
+        return outlook(store, str(scope["baseline"]), str(scope["experiment"]), str(scope["preset"]),
+                       int(scope["budget"]), str(scope["data"]), dict(scope["pick"]), int(scope["max_seeds"]),
+                       tuple(scope["parts"]))
+
+    return plan

@@ -28,6 +28,8 @@ def bench(
     rows: Annotated[int, typer.Option(min=1, help="bench tracker: metric rows to ingest")] = 100_000,
     status_runs: Annotated[int, typer.Option(min=1, help="bench tracker: runs `attnres status` lists from")] = 1000,
     server: Annotated[str | None, typer.Option(help="bench tracker: also ingest into this PostgreSQL URL")] = None,
+    grow: Annotated[int, typer.Option(min=1, help="bench tracker: the report and status again at this many times "
+                                      "the runs, with the growth of their times (1: one size)")] = 10,
     repeat: Annotated[int | None, typer.Option(
         min=1, help="bench tracker: tries per measure, the best kept (default: ingest 5, report 2, "
                     "processes 3)")] = None,
@@ -82,7 +84,8 @@ def bench(
                 task = bar.add_task("tracker")
                 result = bench_tracker(write_report, rows, 40 if runs is None else runs,
                                        3000 if steps is None else steps, status_runs, server=server,
-                                       progress=lambda msg: bar.update(task, description=msg), repeat=repeat)
+                                       progress=lambda msg: bar.update(task, description=msg), repeat=repeat,
+                                       grow=grow)
         if json_out:
             console.print_json(json.dumps(result))
             return

@@ -143,10 +143,14 @@ def bench_errors(draws: int = 200, variants: int = 9, seeds: tuple[int, ...] = (
     for d in designs:
         if d not in DESIGNS:
             raise AttnresError(f"--design {d}: choose from {', '.join(DESIGNS)}")
+    designs = designs or (DESIGNS[:2] if processes else DESIGNS)
+    if processes and "power" in designs:
+        raise AttnresError("--processes: the family-wise and sequential designs only (--design power runs in this "
+                           "process)")
     if any(n < 2 for n in seeds):
         raise AttnresError("--seeds: at least 2 seeds per arm (a test needs a spread)")
     out: dict[str, float] = {}
-    for d in designs or DESIGNS:
+    for d in designs:
         if d == "family-wise":
             for n in seeds or FAMILY_SEEDS:
                 fw = family_wise(draws, variants, n, progress=progress, processes=processes)

@@ -65,7 +65,9 @@ class World:
 
 
 def _resolved(text: str) -> bool:
-    return any(resolved_against_baseline(v) for v in verdicts(text).values())
+    """The document resolved the variant's Δ as the world has it: lower (a resolved higher one, "Worse", is an
+    error, not power)."""
+    return any(resolved_against_baseline(v) and not v.startswith("Worse") for v in verdicts(text).values())
 
 
 def power(draws: int = 200, effects: tuple[float, ...] = EFFECTS, sigma: float = 0.015, rho: float = 0.5,

@@ -69,7 +69,7 @@ def aligned_evals(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str]) 
 def seed_stats(runs: pd.DataFrame, evals: pd.DataFrame, variants: list[str], step: int) -> pd.DataFrame:
     """Per arm at ``step``: seeds, mean, std, 95% CI of the mean; against the first arm: Δ, the test the arms
     get (paired over the per-seed differences when both hold the same seeds, else Welch's: the document's
-    rule) with its p-value, Holm's adjustment over the arms compared with the first (statsmodels), the
+    rule) with its p-value, Holm's adjustment over the arms compared with the first (:func:`reports.stats.holm`), the
     evidence that gives at α = 0.05, and the Δ's interval for that test at the level that agrees with it
     (95% for one comparison: :func:`reports.stats.decision_confidence`); then Welch's and the paired test
     both, and the seeds per arm an exact power calculation asks for (:func:`reports.stats.seed_plan`: at the

@@ -9,7 +9,7 @@ Three rules keep a document's "resolved" honest (see :data:`METHOD`):
 * **Sequential testing.** Look ``k`` may spend α/2^k, so any number of looks spends at most α in all:
   adding seeds until p < 0.05 cannot make a comparison resolved. A test's p-value is carried as
   ``min(1, p * 2^k)`` into the family.
-* **Family-wise control.** Holm–Bonferroni (statsmodels' ``multipletests``) over each family's tests:
+* **Family-wise control.** Holm–Bonferroni (:func:`reports.stats.holm`) over each family's tests:
   the *primary* family is every variant against the baseline and the two best variants against each
   other; the Interpretation's contrasts between two variants are the *secondary* family.
 
@@ -60,6 +60,12 @@ INCONCLUSIVE = "inconclusive"
 # interval excludes 0. With no true difference that happens to at most this share of comparisons.
 LEAN = 0.10
 
+#: each family's share of the document's α: Bonferroni across the two families keeps the chance of any false
+#: "resolved" in a document at α, Holm within each keeps its power. The primary family (each variant against
+#: the baseline, the top two) is what the document decides; the contrasts explain it, and get the smaller share.
+SHARE = {PRIMARY: 0.8, SECONDARY: 0.2}
+
+
 METHOD = ("Tests: on the eval loss of the seeds of complete stages, a paired t-test over the per-seed differences "
           "when both arms hold the same seeds (same seed, same data order), else Welch's t-test (a stage is the runs "
           "of one launch; while one is still running, a comparison it adds seeds to waits for it). Arms that share "
@@ -71,9 +77,10 @@ METHOD = ("Tests: on the eval loss of the seeds of complete stages, a paired t-t
           "interim and resolves nothing, as each eval step would otherwise be one more look. Each stage that added "
           "seeds to a testable comparison is one more look, and look k may spend α/2^k, so that any number of looks "
           "spends at most its family's α in all (a p-value enters as min(1, p·2^k)). One error rate for the whole "
-          "document, α = 0.05, split between two families (Bonferroni): Holm–Bonferroni (statsmodels multipletests) "
-          "at α = 0.04 over the primary family (each variant against the baseline, and the two best against each "
-          "other) and, separately, at α = 0.01 over the Interpretation's contrasts, so that with no true difference "
+          f"document, α = {ALPHA:g}, split between two families (Bonferroni): Holm–Bonferroni at α = "
+          f"{ALPHA * SHARE[PRIMARY]:g} over the primary family (each variant against the baseline, and the two best "
+          f"against each other) and, separately, at α = {ALPHA * SHARE[SECONDARY]:g} over the Interpretation's "
+          "contrasts, so that with no true difference "
           "anywhere the document calls something resolved at most 5% of the time. Arms without any spread are "
           "untested (the p-value would be 0 for any Δ). The Δ interval is the test's own (paired or Welch) at "
           "the level its decision uses, 1 − α·p/(adjusted p), so it excludes 0 exactly when the comparison is "
@@ -225,12 +232,6 @@ def pooled_sd(table: pd.DataFrame) -> tuple[float, int]:
     return (math.sqrt(num / den), int(den)) if den else (math.nan, 0)
 
 
-#: each family's share of the document's α: Bonferroni across the two families keeps the chance of any false
-#: "resolved" in a document at α, Holm within each keeps its power. The primary family (each variant against
-#: the baseline, the top two) is what the document decides; the contrasts explain it, and get the smaller share.
-SHARE = {PRIMARY: 0.8, SECONDARY: 0.2}
-
-
 def family_alpha(family: str, alpha: float = ALPHA) -> float:
     """The α a family's Holm procedure is run at: its :data:`SHARE` of the document's."""
     return alpha * SHARE[family]
@@ -242,22 +243,21 @@ def control(comparisons: list[Comparison], sigma: tuple[float, int] = (math.nan,
     the family's share of ``alpha``; then every comparison's seeds per arm to resolve, at the level its next look
     will face in its family, which ``future`` more primary comparisons (the plan's never-run variants) will have
     joined."""
-    document_alpha = alpha
     for family in (PRIMARY, SECONDARY):
-        alpha = family_alpha(family, document_alpha)
+        family_a = family_alpha(family, alpha)
         members = [c for c in comparisons if c.family == family]
         size = len(members) + (future if family == PRIMARY else 0)
         tested = [c for c in members if math.isfinite(c.p_seq) and not c.interim]
         if tested:
-            reject, adjusted = holm([c.p_seq for c in tested], alpha)
+            reject, adjusted = holm([c.p_seq for c in tested], family_a)
             for c, r, q in zip(tested, reject, adjusted, strict=True):
                 c.resolved, c.p_adj = bool(r), float(q)
         for c in members:
             # the next decision: this look if it is interim (or untested yet), else the next one
-            level = alpha / 2 ** (c.look + (0 if c.interim and c.look else 1)) / size
+            level = family_a / 2 ** (c.look + (0 if c.interim and c.look else 1)) / size
             if not c.resolved:
                 _plan_size(c, sigma, level)
-            c.ci_level = decision_confidence(c.p, c.p_adj, alpha) if math.isfinite(c.p_adj) else 1 - level
+            c.ci_level = decision_confidence(c.p, c.p_adj, family_a) if math.isfinite(c.p_adj) else 1 - level
             if c.looks:
                 c.ci = interval(c.values_a, c.values_b, c.ci_level)
     return comparisons

@@ -166,7 +166,7 @@ def planned_count(c: Comparison, max_seeds: int) -> tuple[float, str]:
     if not math.isinf(c.need) and c.need <= max_seeds:
         return c.need, f"{int(c.need)} seeds per arm"
     held = min(len(c.values_a), len(c.values_b))
-    if held < WIDER and c.need_observed == c.need_observed and c.need_observed <= max_seeds:
+    if held < WIDER <= max_seeds and c.need_observed == c.need_observed and c.need_observed <= max_seeds:
         return WIDER, (f"a wider pilot of {WIDER} seeds per arm first, to measure the spread: from {held} seeds its "
                        f"90% upper bound asks for more than {max_seeds} (--max-seeds); planned again from there")
     return math.inf, ""
@@ -189,9 +189,11 @@ def _resolve(tests: list[Comparison], runs: pd.DataFrame, max_seeds: int, settin
             continue
         n, why = planned_count(c, max_seeds)
         if math.isinf(n):
+            observed = (f" (~{c.need_observed:,.0f} would do if σ is as observed, which from {len(c.values_a)} "
+                        "seeds is as likely too small as too large)") if c.need_observed <= max_seeds else ""
             item.lines.append(f"{head}. Not planned: no count within {max_seeds} seeds per arm (--max-seeds) can "
-                              "promise power 0.8 for this Δ; a larger --max-seeds plans it, or the Δ is too small "
-                              "to resolve at a cost worth paying.")
+                              f"promise power 0.8 for this Δ{observed}; a larger --max-seeds plans it, or the Δ is "
+                              "too small to resolve at a cost worth paying.")
             continue
         n = int(n)
         for v in (c.a, c.b):

@@ -76,46 +76,6 @@ def test_family_wise_error_stays_under_alpha_when_nothing_differs():
     assert plain / draws > 0.1  # the same draws, uncorrected: the error the correction removes
 
 
-def _two_stages(rng: np.random.Generator, d: float, cap: int = 1000) -> str:
-    """One world of the power design, through the document's tests: a pilot of 3 paired seeds (stage 1),
-    then the seeds per arm its plan asks for (stage 2); 'pilot', 'declined', 'kept' or 'missed'."""
-    def look(n: int, x: np.ndarray, y: np.ndarray) -> evidence.Comparison:
-        runs = pd.DataFrame([{"id": i * 2 + arm + 1, "variant": v, "seed": i + 1, "status": "finished",
-                              "launch_id": 1 if i < 3 else 2} for i in range(n)
-                             for arm, v in enumerate(("control_block", "standard"))])
-        arms = [pd.Series({"values": dict(enumerate(z[:n], 1)), "run_ids": {i + 1: i * 2 + arm + 1 for i in range(n)}})
-                for arm, z in enumerate((x, y))]
-        c = evidence.assess(evidence.Comparison("control_block", "standard", evidence.BASELINE, 100), *arms, runs)
-        return evidence.control([c])[0]
-
-    def draw(n: int) -> tuple[np.ndarray, np.ndarray]:
-        shared = rng.normal(0, 0.015 * math.sqrt(0.5), n)  # σ 0.015 per arm, correlation 0.5: σ of differences 0.015
-        return (3.0 - d * 0.015 + shared + rng.normal(0, 0.015 * math.sqrt(0.5), n),
-                3.0 + shared + rng.normal(0, 0.015 * math.sqrt(0.5), n))
-    x, y = draw(3)
-    pilot = look(3, x, y)
-    if pilot.resolved:
-        return "pilot"
-    if not math.isfinite(pilot.need) or pilot.need > cap:
-        return "declined"
-    more = draw(int(pilot.need) - 3)
-    x, y = np.concatenate([x, more[0]]), np.concatenate([y, more[1]])
-    return "kept" if look(int(pilot.need), x, y).resolved else "missed"
-
-
-def test_planned_seed_counts_deliver_the_power_they_state():
-    """A plan states power 0.8. From a pilot of 3 seeds, σ is often far below the truth and the plan, made at
-    it, delivered 62% at d = 0.67 (the issue's audit: 67%). Planned at σ's 90% upper bound, the plans made
-    deliver 0.8 or more: checked here through the document's own tests (`attnres bench errors --design power`
-    measures it end to end)."""
-    rng = np.random.default_rng(46)
-    for d in (0.67, 1.33):
-        ends = [_two_stages(rng, d) for _ in range(300)]
-        kept, missed = ends.count("kept"), ends.count("missed")
-        low = stats.beta.ppf(0.025, kept, missed + 1)  # Clopper-Pearson lower bound of the power delivered
-        assert low >= 0.75 and kept / (kept + missed) >= 0.8, (d, kept, missed, ends.count("declined"))
-
-
 def test_adding_seeds_until_p_is_small_never_resolves_more_than_alpha():
     """One more seed per arm per stage, up to 8 looks, stopping at the first 'resolved', no true difference."""
     rng = np.random.default_rng(7)

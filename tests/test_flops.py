@@ -52,6 +52,9 @@ def measured(run: RunConfig) -> tuple[int, int, int, int]:
     # the depth kernel's logits (K·u) and mix (Σ w·V): 2·d each per site, source and token; 3 passes a step
     sources = sum(len(record.kinds) for record in depth.records) if depth is not None else 0
     depth_mix = 3 * tokens * sources * 2 * 2 * cfg.d_model
+    weights = sum(getattr(depth, n).numel() for n in ("query_down", "query_up", "value_delta")
+                  if depth is not None and isinstance(getattr(depth, n, None), torch.nn.Parameter))
+    assert flops.depth_weights(cfg) == weights  # the weight matrices the formula counts where they are applied
     return counted, attention, depth_mix, model.num_params()["non_embedding"]
 
 

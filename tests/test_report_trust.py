@@ -404,19 +404,3 @@ def test_runs_on_another_dataset_are_another_scope_never_mixed_in():
     with pytest.raises(ReportError, match="no runs match --data fineweb-edu"):
         select(runs_, data="fineweb-edu")
 
-
-def test_holm_gives_statsmodels_figures():
-    """reports.stats.holm stands in for statsmodels' multipletests(method="holm") (which collects garbage on every
-    call): the same rejections and adjusted p-values, ties and order included."""
-    from statsmodels.stats.multitest import multipletests
-
-    from reports.stats import holm
-
-    rng = np.random.default_rng(5)
-    cases = [rng.uniform(0, 0.2, int(n)) for n in rng.integers(1, 12, 200)]
-    cases += [np.array([0.01, 0.01, 0.04, 0.2]), np.array([0.0125, 0.0125]), np.array([1.0]), np.array([0.6, 0.6])]
-    for p in cases:
-        for alpha in (0.05, 0.04, 0.01):
-            reject, adjusted = holm(p, alpha)
-            ref_reject, ref_adjusted, _, _ = multipletests(p, alpha=alpha, method="holm")
-            assert (reject == ref_reject).all() and np.allclose(adjusted, ref_adjusted, rtol=0, atol=1e-15), p

@@ -137,12 +137,14 @@ def test_status_cli_says_how_many_runs_it_left_out(workdir):
 @pytest.mark.integration
 def test_bench_tracker_prints_ours_beside_raw_sqlite_as_json(workdir):
     out = cli_here("bench", "tracker", "--json", "--rows", "2000", "--runs", "3", "--steps", "60",
-                  "--status-runs", "30", "--repeat", "1", check=True).stdout
+                  "--status-runs", "30", "--repeat", "1", "--grow", "2", check=True).stdout
     got = json.loads(out)
     for field in ("ingest_rows_per_s", "raw_sqlite_rows_per_s", "log_call_p50_us", "log_call_p99_us",
-                  "report_rows", "report_s", "status_runs", "status_s"):
+                  "report_rows", "report_s", "status_runs", "status_s", "report_x2_s", "status_x2_s"):
         assert got[field] > 0, field
     assert got["report_rows"] == 3 * 60 * 5 and got["status_runs"] == 30 and got["ingest_rows"] == 2000
+    assert got["report_x2_rows"] == 2 * got["report_rows"] and got["status_x2_runs"] == 60  # the second size
+    assert got["report_growth"] == got["report_x2_s"] / got["report_s"]
     assert got["log_call_p50_us"] <= got["log_call_p99_us"]
 
 

@@ -10,7 +10,8 @@ Four measures, each on a fresh SQLite file in a temporary folder:
   ``record`` of the 5 values and ``progress``, its writer and heartbeat threads running), p50 and p99;
 * **report**: the whole document (without, then with figures) over ``report_runs`` x
   ``report_steps`` x 5 metric rows;
-* **status**: the whole ``attnres status`` process over ``status_runs`` runs, beside ``attnres --help``.
+* **status**: the whole ``attnres status`` process over ``status_runs`` runs, beside ``attnres --help``;
+* **growth**: the report and status again at ``grow`` times the runs, and the ratio of the times.
 """
 
 from __future__ import annotations
@@ -166,15 +167,19 @@ def bench_status(tmp: Path, runs: int, steps: int, repeat: int = 3) -> dict[str,
 
 def bench_tracker(write_report: ReportWriter, rows: int = 100_000, report_runs: int = 40, report_steps: int = 3000,
                   status_runs: int = 1000, status_steps: int = 100, server: str | None = None,
-                  progress: Callable[[str], None] = lambda _: None, repeat: int | None = None) -> dict[str, float]:
-    """Every measure of the module docstring, in one run (defaults: under a minute on 2 cores); with
-    ``server`` (a PostgreSQL URL) also the writer's ingest into that server (a run is added there).
+                  progress: Callable[[str], None] = lambda _: None, repeat: int | None = None,
+                  grow: int = 10) -> dict[str, float]:
+    """Every measure of the module docstring, in one run; with ``server`` (a PostgreSQL URL) also the writer's
+    ingest into that server (a run is added there). The report and status are measured again at ``grow`` times
+    the runs (``report_x10_s``, ...), and each growth is printed as the ratio of the times (``report_growth``: 10
+    for a cost linear in the rows), so that a cost that grows faster than the data shows (1: one size only).
 
     Each measure keeps the best of several tries (ingest 5, report 2, processes 3), as a shared
     machine's noise only ever adds time; ``repeat`` sets one count for all (1: a quick look).
     """
-    if min(rows, report_runs, report_steps, status_runs, status_steps, repeat or 1) < 1:
-        raise AttnresError("bench tracker: --rows, --runs, --steps, --status-runs and --repeat must be at least 1")
+    if min(rows, report_runs, report_steps, status_runs, status_steps, repeat or 1, grow) < 1:
+        raise AttnresError("bench tracker: --rows, --runs, --steps, --status-runs, --repeat and --grow must be at "
+                           "least 1")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         progress(f"ingest: {rows:,} rows through the writer, then raw sqlite3")
@@ -189,4 +194,26 @@ def bench_tracker(write_report: ReportWriter, rows: int = 100_000, report_runs: 
         out |= bench_report_time(tmp, report_runs, report_steps, write_report, **tries)
         progress(f"status: {status_runs:,} runs")
         out |= bench_status(tmp, status_runs, status_steps, **tries)
+        if grow > 1:
+            out |= _grown(tmp, out, grow, report_runs, report_steps, status_runs, status_steps, write_report,
+                          progress, tries)
+    return out
+
+
+def _grown(tmp: Path, base: dict[str, float], grow: int, report_runs: int, report_steps: int, status_runs: int,
+           status_steps: int, write_report: ReportWriter, progress: Callable[[str], None],
+           tries: dict[str, int]) -> dict[str, float]:
+    """The report and status at ``grow`` times the runs, and each time's ratio to the base size's."""
+    folder = tmp / f"x{grow}"
+    folder.mkdir()
+    progress(f"report: {report_runs * grow} runs x {report_steps:,} steps ({grow}x)")
+    report = bench_report_time(folder, report_runs * grow, report_steps, write_report, **tries)
+    progress(f"status: {status_runs * grow:,} runs ({grow}x)")
+    status = bench_status(folder, status_runs * grow, status_steps, **tries)
+    tag = f"x{grow}"
+    out: dict[str, float] = {f"report_{tag}_rows": report["report_rows"], f"status_{tag}_runs": status["status_runs"]}
+    for stem, seconds in (("report", report["report_s"]), ("report_with_plots", report["report_with_plots_s"]),
+                          ("status", status["status_s"]), ("status_all", status["status_all_s"])):
+        out[f"{stem}_{tag}_s"] = seconds
+        out[f"{stem}_growth"] = seconds / base[f"{stem}_s"]
     return out

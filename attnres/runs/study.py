@@ -108,8 +108,10 @@ def spent(runs: Sequence[RunRecord]) -> tuple[int, float]:
     """The runs a study's stages hold, and their device-hours: each run's wall time (its last attempt's, from its
     start to its end, or to its last heartbeat) times its ranks (processes: GPUs, or CPU ranks). The attempts before
     a resume the study made are kept in ``studies.hours_carried`` (:meth:`_Drive.settle`)."""
+    # a run queued again (a resume) still holds its last attempt's clock until its trainer starts: that attempt
+    # is in hours_carried already, so it counts nothing until then
     seconds = sum(((r.ended_at or r.heartbeat_at or r.started_at) - r.started_at).total_seconds() * max(1, r.world_size)
-                  for r in runs if r.started_at is not None)
+                  for r in runs if r.started_at is not None and r.status != states.QUEUED)
     return len(runs), max(0.0, seconds) / 3600
 
 
@@ -135,6 +137,9 @@ def begin(store: RunStore, first: Outlook, design: Mapping[str, object], limits:
 def reopen(store: RunStore, study_id: int, limits: Limits) -> StudyRecord:
     """A recorded study to continue (``--resume ID``), with the limits given now in place of its own."""
     found = store.studies.get(study_id)
+    if found.state == ENDED:
+        raise AttnresError(f"study {study_id} has ended ({found.end_reason}): a study that has ended is over; the "
+                           "same command starts a new one")
     _free(found)
     merged = Limits.from_dict(found.limits).replaced(limits)
     if merged != Limits.from_dict(found.limits):
@@ -371,6 +376,13 @@ def drive(store: RunStore, study_id: int, planner: Callable[[], Outlook], watche
         store.studies.update(study_id, driver=me.pid, state=INTERRUPTED, message=message, runs_spent=runs,
                              hours_spent=hours)
         raise StudyStopped(message) from None
+    except Exception as exc:  # (a plan that cannot be made, a database error): recorded, never left "going"
+        runs, hours, record = run.spend()
+        store.studies.update(study_id, driver=me.pid, state=INTERRUPTED, runs_spent=runs, hours_spent=hours,
+                             message=f"study {study_id} stopped at stage {len(record.stages)} by an error: "
+                                     f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+                                     f"; continue it with `attnres study --resume {study_id}` once that is mended")
+        raise
     finally:
         store.studies.update(study_id, driver=me.pid, driver_pid=None, driver_host=None, driver_since=None)
 

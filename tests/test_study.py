@@ -200,12 +200,12 @@ def test_a_study_stopped_by_sigterm_goes_on_where_it_stopped(workdir):
         return any(r["variant"] == "control_block" and r["status"] == states.RUNNING and r["step"] >= 1
                    for r in runs(workdir))
 
-    wait_for(training, timeout=120)
+    wait_for(training, timeout=600)  # (a loaded machine: the study, torchrun and a trainer start first)
     [stage] = stages(workdir)  # the stage, recorded with its pre-registration and the study it belongs to
     assert stage["origin"] == launches.NEXT and json.loads(stage["plan_json"])["comparisons"] == [
         {"against": "standard", "kind": "new", "n": [3, 3], "variant": "control_block"}]
     os.kill(pid, signal.SIGTERM)
-    wait_for(lambda: not process_alive(pid), timeout=120)
+    wait_for(lambda: not process_alive(pid), timeout=600)
     [study] = studies(workdir)
     assert study["state"] == "interrupted" and "(SIGTERM) at stage 1" in study["message"], study
     assert study["driver_pid"] is None and study["runs_spent"] == 3

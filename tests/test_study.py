@@ -30,7 +30,7 @@ SETTINGS = ["batch_size=4", "eval_batches=2", "eval_every=20", "log_every=2", "w
 SEEDS = {1: 8.00, 2: 8.02, 3: 7.99}  # the baseline's final eval losses (a real run of 40 steps ends near 3.4)
 
 
-def seeded(workdir: Path, leave: tuple[str, ...] = ()) -> RunStore:
+def seeded(workdir: Path, leave: tuple[str, ...] = (), steps: int = 40) -> RunStore:
     """Every registry variant but ``leave`` finished at seeds 1-3 (recorded here, with their configs, without
     training): each variant 0.5 worse than the one before it, by the same amount at every seed, so every comparison
     is resolved. A variant left out is the plan's never-run part: one stage of 3 runs, at the baseline's seeds."""
@@ -39,10 +39,11 @@ def seeded(workdir: Path, leave: tuple[str, ...] = ()) -> RunStore:
     for i, variant in enumerate(v for v in VARIANTS if v not in leave):
         for seed, base in SEEDS.items():
             final = base + 0.5 * i + 0.0001 * seed * i
-            rid = store.create_run(resolve_run(variant, "tiny", seed, SETTINGS, "builtin-bytes"),
+            settings = [*SETTINGS[:-1], f"steps={steps}"]
+            rid = store.create_run(resolve_run(variant, "tiny", seed, settings, "builtin-bytes"),
                                    status=states.FINISHED, actor=states.IMPORTER, launch_id=first)
-            store.update_run(rid, step=40)
-            store.log_metrics(rid, [(s, "eval_loss", final + (40 - s) / 20) for s in (0, 20, 40)])
+            store.update_run(rid, step=steps)
+            store.log_metrics(rid, [(s, "eval_loss", final + (steps - s) / 20) for s in (0, steps // 2, steps)])
     RunStore.forget_all()
     return store
 
@@ -191,7 +192,7 @@ def test_a_study_stopped_by_sigterm_goes_on_where_it_stopped(workdir):
     """Detached, the study's driver is a process of its own; SIGTERM while its stage trains records it interrupted,
     its runs preempted with their checkpoint. The same command then continues those runs (not new ones) and ends
     the study resolved, with what it spent."""
-    seeded(workdir, leave=("control_block",))
+    seeded(workdir, leave=("control_block",), steps=400)  # (40 steps can end before a poll sees them train)
     started = attnres("study", "--detach", check=True)
     assert "study 1 runs in the background (pid" in started.stdout
     pid = int(started.stdout.split("(pid ")[1].split(";")[0])

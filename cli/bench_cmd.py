@@ -30,6 +30,10 @@ def bench(
     server: Annotated[str | None, typer.Option(help="bench tracker: also ingest into this PostgreSQL URL")] = None,
     grow: Annotated[int, typer.Option(min=1, help="bench tracker: the report and status again at this many times "
                                       "the runs, with the growth of their times (1: one size)")] = 10,
+    paper: Annotated[bool, typer.Option("--paper/--no-paper", help="bench tracker: the report and status over the "
+                                        "results document's study at paper scale (15 variants x 5 seeds x 6,000 "
+                                        "steps; with --server also there)")] = True,
+    paper_steps: Annotated[int, typer.Option(min=250, help="bench tracker: steps of each run at paper scale")] = 6000,
     repeat: Annotated[int | None, typer.Option(
         min=1, help="bench tracker: tries per measure, the best kept (default: ingest 5, report 2, "
                     "processes 3)")] = None,
@@ -85,7 +89,7 @@ def bench(
                 result = bench_tracker(write_report, rows, 40 if runs is None else runs,
                                        3000 if steps is None else steps, status_runs, server=server,
                                        progress=lambda msg: bar.update(task, description=msg), repeat=repeat,
-                                       grow=grow)
+                                       grow=grow, paper=paper, paper_steps=paper_steps)
         if json_out:
             console.print_json(json.dumps(result))
             return

@@ -137,15 +137,19 @@ def test_status_cli_says_how_many_runs_it_left_out(workdir):
 @pytest.mark.integration
 def test_bench_tracker_prints_ours_beside_raw_sqlite_as_json(workdir):
     out = cli_here("bench", "tracker", "--json", "--rows", "2000", "--runs", "3", "--steps", "60",
-                  "--status-runs", "30", "--repeat", "1", "--grow", "2", check=True).stdout
+                  "--status-runs", "30", "--repeat", "1", "--grow", "2", "--paper-steps", "250",
+                  check=True).stdout
     got = json.loads(out)
     for field in ("ingest_rows_per_s", "raw_sqlite_rows_per_s", "log_call_p50_us", "log_call_p99_us",
                   "report_rows", "report_s", "status_runs", "status_s", "report_x2_s", "status_x2_s"):
         assert got[field] > 0, field
-    assert got["report_rows"] == 3 * 60 * 5 and got["status_runs"] == 30 and got["ingest_rows"] == 2000
+    assert got["report_rows"] == 3 * (60 * 5 + 1) and got["status_runs"] == 30 and got["ingest_rows"] == 2000
     assert got["report_x2_rows"] == 2 * got["report_rows"] and got["status_x2_runs"] == 60  # the second size
     assert got["report_growth"] == got["report_x2_s"] / got["report_s"]
     assert got["log_call_p50_us"] <= got["log_call_p99_us"]
+    # the study at paper scale: 15 variants x 5 seeds, train metrics every 10 steps, an eval (and depth map) at 0, 250
+    assert got["paper_runs"] == 75 and got["paper_metric_rows"] == 75 * (25 * 5 + 2)
+    assert got["paper_depth_rows"] > 0 and got["paper_report_s"] > 0 and got["paper_status_s"] > 0
 
 
 def test_upgrade_to_clustered_metrics_keeps_every_row(workdir):
@@ -231,3 +235,34 @@ def test_metrics_of_a_missing_run_are_refused_whole_and_foreign_keys_stay_on(eng
         with pytest.raises(IntegrityError):  # enforced per row again for any other statement
             conn.execute(text("insert into metrics (run_id, key_id, step, value) values (:r, 1, 9, 1.0)"),
                          {"r": run + 5})
+
+
+def test_the_paper_scale_study_fills_a_scratch_database_on_the_server_and_drops_it():
+    """`bench tracker --server URL` measures the study at paper scale in a database of its own on that server: made,
+    filled with the study's shape (train metrics every 10 steps, evals and depth maps from step 0), dropped after."""
+    from sqlalchemy import create_engine, text
+
+    from attnres.bench.paper import depth_keys, paper_db
+    from attnres.tracking.bench_anchor import scratch_database
+
+    server = os.environ.get("ATTNRES_TEST_PG_URL")
+    if not server:
+        pytest.skip("PostgreSQL not started (.ci/services.sh start sets ATTNRES_TEST_PG_URL)")
+    with scratch_database(server) as url:
+        name = url.rsplit("/", 1)[1]
+        got = paper_db(url, variants=2, seeds=(1, 2), steps=500)
+        store = RunStore(url)
+        runs = [store.run(run_id) for run_id in (1, 2, 3, 4)]
+        assert [(r.variant, r.seed, r.status, r.step) for r in runs] == [
+            ("standard", 1, "finished", 500), ("standard", 2, "finished", 500),
+            ("full_attnres", 1, "finished", 500), ("full_attnres", 2, "finished", 500)]
+        assert store.holes(runs[0]) == {} and store.holes(runs[3]) == {}  # whole curves, as status checks them
+        keys = depth_keys("full_attnres")
+        assert got == {"paper_runs": 4, "paper_metric_rows": 4 * (50 * 5 + 3), "paper_depth_rows": 2 * 3 * len(keys)}
+        assert sorted(store.depth_steps(runs[2].id)) == [0, 250, 500]
+        store.close()
+    admin = create_engine(server)
+    with admin.connect() as conn:
+        left = conn.execute(text("select count(*) from pg_database where datname = :n"), {"n": name}).scalar_one()
+    admin.dispose()
+    assert left == 0

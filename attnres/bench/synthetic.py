@@ -6,7 +6,8 @@ import numpy as np
 
 
 def synthetic_db(url: str, runs: int = 200, steps: int = 6000, variants: int = 10, seed: int = 0) -> int:
-    """Fill a database with known curves: ``runs`` runs x ``steps`` steps x 5 metrics. Returns rows."""
+    """Fill a database with known curves: ``runs`` runs x ``steps`` steps x 5 metrics, and each run's eval at step 0
+    (complete runs, as `attnres status` checks them). Returns rows."""
     from attnres.tracking import states
     from attnres.tracking.run_store import RunStore
     from attnres.variants.registry import VARIANTS, resolve_run
@@ -29,8 +30,8 @@ def synthetic_db(url: str, runs: int = 200, steps: int = 6000, variants: int = 1
             "tokens_per_s": np.full(steps, 1e5 * (1 - 0.02 * (r % len(names)))),
             "peak_memory_bytes": np.full(steps, 1e9 * (1 + 0.05 * (r % len(names)))),
         }
-        for name, values in curves.items():
-            rows = [(int(s), name, float(v)) for s, v in zip(step, values, strict=True)]
-            total += store.log_metrics(run_id, rows)
+        rows = [(int(s), name, float(v)) for name, values in curves.items() for s, v in zip(step, values, strict=True)]
+        rows.append((0, "eval_loss", 10.05 + offset))  # the initialisation's eval, as a run records it: a whole curve
+        total += store.log_metrics(run_id, rows)
         store.summarize(run_id)  # as a run's end does
     return total

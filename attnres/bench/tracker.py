@@ -11,7 +11,9 @@ Four measures, each on a fresh SQLite file in a temporary folder:
 * **report**: the whole document (without, then with figures) over ``report_runs`` x
   ``report_steps`` x 5 metric rows;
 * **status**: the whole ``attnres status`` process over ``status_runs`` runs, beside ``attnres --help``;
-* **growth**: the report and status again at ``grow`` times the runs, and the ratio of the times.
+* **growth**: the report and status again at ``grow`` times the runs, and the ratio of the times;
+* **paper scale**: the report and status over a database the size of the results document's study
+  (:mod:`attnres.bench.paper`), in SQLite and, with a server, in PostgreSQL.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from attnres.errors import AttnresError
-from attnres.tracking.bench_anchor import raw_sqlite_insert_s
+from attnres.tracking.bench_anchor import raw_sqlite_insert_s, scratch_database
 from attnres.tracking.run_store import RunStore
 
 KEYS = ("train_loss", "lr", "grad_norm", "tokens_per_s", "peak_memory_bytes")
@@ -165,14 +167,43 @@ def bench_status(tmp: Path, runs: int, steps: int, repeat: int = 3) -> dict[str,
             "help_s": _wall([*exe, "--help"], repeat)}
 
 
+def bench_paper(tmp: Path, write_report: ReportWriter, url: str | None = None, tag: str = "paper",
+                progress: Callable[[str], None] = lambda _: None, repeat: int | None = None,
+                steps: int = 6000) -> dict[str, float]:
+    """The report (without, then with figures) and ``attnres status`` (whole processes) over the results
+    document's study at paper scale, in a new SQLite file in ``tmp`` or the database at ``url``."""
+    from attnres.bench.paper import paper_db
+
+    url = url or f"sqlite:///{tmp}/paper.db"
+    out: dict[str, float] = {f"{tag}_{k.removeprefix('paper_')}": v
+                             for k, v in paper_db(url, steps=steps, progress=progress).items()}
+    progress(f"{tag}: report and status")
+    store = RunStore(url)
+
+    def timed(plots: bool) -> float:
+        t0 = time.perf_counter()
+        write_report(store, tmp / f"{tag}.md", plots=plots)
+        return time.perf_counter() - t0
+
+    out[f"{tag}_report_s"] = min(timed(False) for _ in range(repeat or 2))
+    out[f"{tag}_report_with_plots_s"] = min(timed(True) for _ in range(repeat or 2))
+    store.close()
+    exe = _attnres_exe()
+    out[f"{tag}_status_s"] = _wall([*exe, "status", "--db", url], repeat or 3)
+    out[f"{tag}_status_all_s"] = _wall([*exe, "status", "--all", "--db", url], repeat or 3)
+    return out
+
+
 def bench_tracker(write_report: ReportWriter, rows: int = 100_000, report_runs: int = 40, report_steps: int = 3000,
                   status_runs: int = 1000, status_steps: int = 100, server: str | None = None,
                   progress: Callable[[str], None] = lambda _: None, repeat: int | None = None,
-                  grow: int = 10) -> dict[str, float]:
+                  grow: int = 10, paper: bool = True, paper_steps: int = 6000) -> dict[str, float]:
     """Every measure of the module docstring, in one run; with ``server`` (a PostgreSQL URL) also the writer's
     ingest into that server (a run is added there). The report and status are measured again at ``grow`` times
     the runs (``report_x10_s``, ...), and each growth is printed as the ratio of the times (``report_growth``: 10
     for a cost linear in the rows), so that a cost that grows faster than the data shows (1: one size only).
+    With ``paper``, the report and status over the study at paper scale (``paper_*``; with ``server`` also in a
+    scratch database on that server, ``paper_pg_*``).
 
     Each measure keeps the best of several tries (ingest 5, report 2, processes 3), as a shared
     machine's noise only ever adds time; ``repeat`` sets one count for all (1: a quick look).
@@ -180,6 +211,8 @@ def bench_tracker(write_report: ReportWriter, rows: int = 100_000, report_runs: 
     if min(rows, report_runs, report_steps, status_runs, status_steps, repeat or 1, grow) < 1:
         raise AttnresError("bench tracker: --rows, --runs, --steps, --status-runs, --repeat and --grow must be at "
                            "least 1")
+    if paper_steps < 250:
+        raise AttnresError("bench tracker: --paper-steps must be at least 250 (an eval every 250 steps)")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         progress(f"ingest: {rows:,} rows through the writer, then raw sqlite3")
@@ -197,6 +230,11 @@ def bench_tracker(write_report: ReportWriter, rows: int = 100_000, report_runs: 
         if grow > 1:
             out |= _grown(tmp, out, grow, report_runs, report_steps, status_runs, status_steps, write_report,
                           progress, tries)
+        if paper:
+            out |= bench_paper(tmp, write_report, progress=progress, repeat=repeat, steps=paper_steps)
+            if server:
+                with scratch_database(server) as url:
+                    out |= bench_paper(tmp, write_report, url, "paper_pg", progress, repeat, paper_steps)
     return out
 
 

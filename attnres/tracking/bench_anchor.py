@@ -1,4 +1,5 @@
-"""The raw-database anchor of ``attnres bench tracker``: the same rows inserted by sqlite3 alone.
+"""The raw-database anchor of ``attnres bench tracker`` (the same rows inserted by sqlite3 alone), and the
+scratch PostgreSQL database its paper-scale measure fills.
 
 What the tracker's own ingest is measured against, in the same run: the driver's ``executemany``
 of ready-made tuples into the same schema, one transaction, nothing else.
@@ -8,7 +9,9 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -26,3 +29,24 @@ def raw_sqlite_insert_s(db: Path, keys: Sequence[str], rows: Sequence[tuple[int,
         return time.perf_counter() - t0
     finally:
         conn.close()
+
+
+@contextmanager
+def scratch_database(server: str) -> Iterator[str]:
+    """A new, empty database on the PostgreSQL server of ``server`` (a URL naming any database on it) for the
+    time of the ``with``, dropped after: the bench fills it without touching what the named database holds."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    name = f"attnres_bench_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        try:
+            yield make_url(server).set(database=name).render_as_string(hide_password=False)
+        finally:
+            with admin.connect() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()

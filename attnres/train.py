@@ -21,7 +21,7 @@ import sys
 
 from attnres import paths
 from attnres.config import RunConfig
-from attnres.logline import say
+from attnres.logline import exit_now, say
 from attnres.tracking import launches
 from attnres.tracking.run_store import RunStore
 from attnres.training import distributed
@@ -112,4 +112,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    distributed.leave(main())
+    exit_now(main())

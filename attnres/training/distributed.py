@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
 import signal
 import sys
@@ -11,8 +10,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-
-from attnres.logline import exit_now
 
 
 @dataclass
@@ -70,31 +67,8 @@ def die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def forked() -> bool:
-    """Whether this worker is a fork of its torchrun agent (:mod:`attnres.runs.torchrun`), not a process of its own."""
-    import multiprocessing
-
-    return multiprocessing.parent_process() is not None
-
-
-def leave(code: int) -> None:
-    """End the trainer with ``code``. A forked worker returns to torchrun's function entrypoint through
-    ``SystemExit`` (0: its return; otherwise its exit code), which then leaves without teardown; a process of its
-    own leaves at once (:func:`attnres.logline.exit_now`)."""
-    if forked():
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        raise SystemExit(code)
-    exit_now(code)
-
-
 def setup() -> Dist:
     """Join the process group torchrun set up (gloo on CPU, nccl on GPU); single process otherwise."""
-    if forked():  # the signal handlers the agent installed are not the trainer's: a fresh process's, as exec gives
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
     die_with_parent()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))

@@ -6,6 +6,7 @@ are printed for the README's table (``pytest -s -k faults``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -162,8 +163,14 @@ def test_a_cut_checkpoint_falls_back_to_the_previous_one(workdir):
 def test_resume_with_every_checkpoint_unreadable_refuses_and_keeps_every_row(workdir):
     attnres("launch", "standard", "--seeds", "3", *issue_run(int(LONG)), *BYTES, "--set", "checkpoint_every=2",
             "--detach", check=True)
-    trainer = wait_for(lambda: (rows := runs(workdir)) and rows[0]["step"] >= 6 and rows[0]["pid"] and rows[0])
-    os.kill(trainer["pid"], signal.SIGKILL)  # no save on the way out: the files on disk are the last ones
+    trainer = wait_for(lambda: (rows := runs(workdir)) and rows[0]["step"] >= 6 and rows[0]["pid"]
+                       and rows[0]["agent_pid"] and rows[0])
+    # no save on the way out, from the trainer or anything it left: the files on disk are the last ones (a CI run
+    # once saw a trainer save on to step 188 after its SIGKILL, overwriting the damage, and the resume below trained on)
+    for pid in (trainer["pid"], trainer["agent_pid"]):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not process_alive(trainer["pid"]) and not process_alive(trainer["agent_pid"]))
     wait_for(lambda: runs(workdir)[0]["status"] in ("failed", "killed"))
     folder = workdir / "checkpoints" / "run-1"
     for name in ("last.pt", "prev.pt"):
@@ -171,7 +178,7 @@ def test_resume_with_every_checkpoint_unreadable_refuses_and_keeps_every_row(wor
     rows, steps = metric_rows(workdir / "runs.db"), train_steps(workdir / "runs.db")
     assert rows and steps
     for _ in range(2):  # refused again, the same way: nothing was changed by the first refusal
-        refused = cli_here("resume", "1")
+        refused = cli_here("resume", "1", "--detach")  # (were it not refused, a run of its own, not this worker's)
         assert refused.returncode == 2, refused
         assert len(refused.stderr.strip().splitlines()) == 1 and "--restart 1" in refused.stderr, refused.stderr
         assert "Traceback" not in refused.stderr

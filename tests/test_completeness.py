@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 
 from attnres.tracking import states
+from attnres.tracking.db import get_engine
 from attnres.tracking.run_store import RunStore
 from attnres.variants.registry import resolve_run
 
@@ -41,6 +42,17 @@ def test_holes_are_found_whatever_else_the_curve_holds(tmp_path):
         found = store.holes(store.run(run_id))
         missing = {(k, s) for k, spans in found.items() for a, b in spans for s in (a, b)}
         assert missing == drop, (run_id, found, drop)  # (each dropped step is a range of its own here)
+    # a whole curve is judged by its count alone: the statement counts exactly its schedule's steps
+    from attnres.tracking.completeness import ON_SCHEDULE, schedule
+
+    whole = next(r for r, drop in cases if not drop)
+    plan = schedule(store.run(whole).config_json, LAST)
+    every = {"train_loss": 1, "eval_loss": 5}  # (the first case's intervals)
+    with get_engine(f"sqlite:///{tmp_path}/runs.db").connect() as conn:
+        for key, want in plan.items():
+            counted = conn.execute(ON_SCHEDULE, {"run": whole, "key": key, "first": 0 if key == "eval_loss" else 1,
+                                                 "last": LAST, "every": every[key]}).scalar_one()
+            assert counted == len(want), key
     rows = [{"id": r, "status": states.FINISHED, "total_steps": LAST, "config_json": store.run(r).config_json}
             for r, _ in cases]
     changed = store.check_complete(rows, states.MONITOR)

@@ -241,6 +241,7 @@ def test_the_paper_scale_study_fills_a_scratch_database_on_the_server_and_drops_
     """`bench tracker --server URL` measures the study at paper scale in a database of its own on that server: made,
     filled with the study's shape (train metrics every 10 steps, evals and depth maps from step 0), dropped after."""
     from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
 
     from attnres.bench.paper import depth_keys, paper_db
     from attnres.tracking.bench_anchor import scratch_database
@@ -249,7 +250,7 @@ def test_the_paper_scale_study_fills_a_scratch_database_on_the_server_and_drops_
     if not server:
         pytest.skip("PostgreSQL not started (.ci/services.sh start sets ATTNRES_TEST_PG_URL)")
     with scratch_database(server) as url:
-        name = url.rsplit("/", 1)[1]
+        name = make_url(url).database
         got = paper_db(url, variants=2, seeds=(1, 2), steps=500)
         store = RunStore(url)
         runs = [store.run(run_id) for run_id in (1, 2, 3, 4)]

@@ -53,8 +53,8 @@ def paper_db(url: str, variants: int = VARIANTS, seeds: tuple[int, ...] = SEEDS,
 
     names = list(REGISTRY)[:variants]
     rng = np.random.default_rng(seed)
-    train_steps = np.arange(TRAIN_EVERY, steps + 1, TRAIN_EVERY)
-    eval_steps = np.arange(0, steps + 1, EVAL_EVERY)  # from step 0, as a run evaluates its initialisation
+    train_steps = np.union1d(np.arange(TRAIN_EVERY, steps + 1, TRAIN_EVERY), [steps])  # and the last, as a run
+    eval_steps = np.union1d(np.arange(0, steps + 1, EVAL_EVERY), [steps])  # from step 0 to the last, as a run
     store = RunStore(url)
     out = {"paper_runs": 0, "paper_metric_rows": 0, "paper_depth_rows": 0}
     try:

@@ -18,6 +18,7 @@ Four measures, each on a fresh SQLite file in a temporary folder:
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import subprocess
@@ -26,6 +27,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from sqlalchemy.engine import make_url
 
 from attnres.errors import AttnresError
 from attnres.tracking.bench_anchor import raw_sqlite_insert_s, scratch_database
@@ -142,12 +145,12 @@ def _attnres_exe() -> list[str]:
     return [found] if found else [sys.executable, "-c", "from cli.main import main; main()"]
 
 
-def _wall(cmd: list[str], repeat: int = 3) -> float:
+def _wall(cmd: list[str], repeat: int = 3, env: dict[str, str] | None = None) -> float:
     """Best of ``repeat`` whole-process wall times (the first run also warms the file cache)."""
     best = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
         best = min(best, time.perf_counter() - t0)
         if done.returncode != 0:
             raise AttnresError(f"bench tracker: {' '.join(cmd[-3:])} failed: {done.stderr.strip()[-300:]}")
@@ -188,9 +191,9 @@ def bench_paper(tmp: Path, write_report: ReportWriter, url: str | None = None, t
     out[f"{tag}_report_s"] = min(timed(False) for _ in range(repeat or 2))
     out[f"{tag}_report_with_plots_s"] = min(timed(True) for _ in range(repeat or 2))
     store.close()
-    exe = _attnres_exe()
-    out[f"{tag}_status_s"] = _wall([*exe, "status", "--db", url], repeat or 3)
-    out[f"{tag}_status_all_s"] = _wall([*exe, "status", "--all", "--db", url], repeat or 3)
+    exe, env = _attnres_exe(), os.environ | {"ATTNRES_DB": url}  # (a server's password stays off command lines)
+    out[f"{tag}_status_s"] = _wall([*exe, "status"], repeat or 3, env)
+    out[f"{tag}_status_all_s"] = _wall([*exe, "status", "--all"], repeat or 3, env)
     return out
 
 
@@ -211,6 +214,9 @@ def bench_tracker(write_report: ReportWriter, rows: int = 100_000, report_runs: 
     if min(rows, report_runs, report_steps, status_runs, status_steps, repeat or 1, grow) < 1:
         raise AttnresError("bench tracker: --rows, --runs, --steps, --status-runs, --repeat and --grow must be at "
                            "least 1")
+    if server and not make_url(server).drivername.startswith("postgresql"):
+        raise AttnresError(f"bench tracker: --server must be a PostgreSQL URL (postgresql+psycopg://...), not "
+                           f"{make_url(server).drivername}")
     if paper_steps < 250:
         raise AttnresError("bench tracker: --paper-steps must be at least 250 (an eval every 250 steps)")
     with tempfile.TemporaryDirectory() as tmp_name:

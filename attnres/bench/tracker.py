@@ -28,10 +28,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sqlalchemy.engine import make_url
-
 from attnres.errors import AttnresError
-from attnres.tracking.bench_anchor import raw_sqlite_insert_s, scratch_database
+from attnres.tracking.bench_anchor import check_server, raw_sqlite_insert_s, scratch_database
 from attnres.tracking.run_store import RunStore
 
 KEYS = ("train_loss", "lr", "grad_norm", "tokens_per_s", "peak_memory_bytes")
@@ -214,9 +212,8 @@ def bench_tracker(write_report: ReportWriter, rows: int = 100_000, report_runs: 
     if min(rows, report_runs, report_steps, status_runs, status_steps, repeat or 1, grow) < 1:
         raise AttnresError("bench tracker: --rows, --runs, --steps, --status-runs, --repeat and --grow must be at "
                            "least 1")
-    if server and not make_url(server).drivername.startswith("postgresql"):
-        raise AttnresError(f"bench tracker: --server must be a PostgreSQL URL (postgresql+psycopg://...), not "
-                           f"{make_url(server).drivername}")
+    if server:
+        check_server(server)
     if paper_steps < 250:
         raise AttnresError("bench tracker: --paper-steps must be at least 250 (an eval every 250 steps)")
     with tempfile.TemporaryDirectory() as tmp_name:

@@ -14,6 +14,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from attnres.errors import AttnresError
+
 
 def raw_sqlite_insert_s(db: Path, keys: Sequence[str], rows: Sequence[tuple[int, int, int, float]]) -> float:
     """Seconds for sqlite3 to insert ``rows`` (run, key id, step, value) into ``db``'s metrics table, the
@@ -29,6 +31,16 @@ def raw_sqlite_insert_s(db: Path, keys: Sequence[str], rows: Sequence[tuple[int,
         return time.perf_counter() - t0
     finally:
         conn.close()
+
+
+def check_server(server: str) -> None:
+    """One line (:class:`AttnresError`) unless ``server`` is a PostgreSQL URL: checked before any measure, so that a
+    wrong ``--server`` loses none."""
+    from sqlalchemy.engine import make_url
+
+    driver = make_url(server).drivername
+    if not driver.startswith("postgresql"):
+        raise AttnresError(f"bench tracker: --server must be a PostgreSQL URL (postgresql+psycopg://...), not {driver}")
 
 
 @contextmanager

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import uuid
 from pathlib import Path
 
 import pytest
 from helpers import ROOT, processes_started, stop_leftovers
-from sqlalchemy import create_engine, text
+
+from attnres.tracking.bench_anchor import scratch_database
 
 SHARED_TIKTOKEN = ROOT.parent / "shared" / "tiktoken"
 if "TIKTOKEN_CACHE_DIR" not in os.environ and SHARED_TIKTOKEN.is_dir():
@@ -80,14 +80,8 @@ def pg_url():
     PG = os.environ.get("ATTNRES_TEST_PG_URL")
     if not PG:
         pytest.skip("PostgreSQL not started (.ci/services.sh start sets ATTNRES_TEST_PG_URL)")
-    name = f"attnres_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(PG, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    yield PG.rsplit("/", 1)[0] + "/" + name
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    with scratch_database(PG, prefix="attnres") as url:
+        yield url
 
 
 # -- only tests marked `integration` start processes ---------------------------------------------------

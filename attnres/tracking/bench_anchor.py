@@ -44,13 +44,14 @@ def check_server(server: str) -> None:
 
 
 @contextmanager
-def scratch_database(server: str) -> Iterator[str]:
+def scratch_database(server: str, prefix: str = "attnres_bench") -> Iterator[str]:
     """A new, empty database on the PostgreSQL server of ``server`` (a URL naming any database on it) for the
-    time of the ``with``, dropped after: the bench fills it without touching what the named database holds."""
+    time of the ``with``, dropped after: the bench (and each PostgreSQL test) fills it without touching what the
+    named database holds."""
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
-    name = f"attnres_bench_{uuid.uuid4().hex[:8]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     admin = create_engine(server, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:

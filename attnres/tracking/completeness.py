@@ -32,15 +32,24 @@ ON_SCHEDULE = select(func.count()).select_from(METRICS.join(METRIC_KEYS, _M.key_
     or_((_M.step % bindparam("every")) == 0, _M.step == bindparam("last")))
 
 
-def schedule(config_json: str | None, last: int) -> dict[str, set[int]] | None:
-    """The steps at which a run trained here logs each key, up to ``last`` (None: a run recorded elsewhere)."""
+def intervals(config_json: str | None) -> dict[str, int] | None:
+    """Each key's logging interval in a run's config (None: a run recorded elsewhere, with no schedule of ours)."""
     try:
         train = json.loads(config_json or "{}")["train"]
-        log_every, eval_every = int(train["log_every"]), int(train["eval_every"])
+        every = {"train_loss": int(train["log_every"]), "eval_loss": int(train["eval_every"])}
     except (ValueError, KeyError, TypeError):
         return None
-    if log_every < 1 or eval_every < 1:
-        return None
+    return every if min(every.values()) >= 1 else None
+
+
+def schedule(config_json: str | None, last: int) -> dict[str, set[int]] | None:
+    """The steps at which a run trained here logs each key, up to ``last`` (None: a run recorded elsewhere)."""
+    every = intervals(config_json)
+    return None if every is None else _steps(every, last)
+
+
+def _steps(every: dict[str, int], last: int) -> dict[str, set[int]]:
+    log_every, eval_every = every["train_loss"], every["eval_loss"]
     return {"train_loss": {s for s in range(log_every, last + 1, log_every)} | {last},
             "eval_loss": {0, *range(eval_every, last + 1, eval_every), last}}
 
@@ -66,16 +75,15 @@ def holes(engine: Engine, run_id: int, config_json: str | None, last: int) -> di
     the primary key holds each step once) numbering the schedule's is a whole curve, read no further. Only a key
     short of its count has its steps read to name the missing ranges (`attnres status` checks the finished runs
     it shows at every call: 20 of them at paper scale were 12,000 steps read, now 40 counts)."""
-    plan = schedule(config_json, last)
-    if not plan:
+    every = intervals(config_json)
+    if every is None:
         return {}
-    every = _intervals(config_json)
     m, k = METRICS.c, METRIC_KEYS.c
     out = {}
     with engine.connect() as conn:
-        for key, want in plan.items():
-            count = conn.execute(ON_SCHEDULE, {"run": run_id, "key": key, "first": 0 if key == "eval_loss" else 1,
-                                               "last": last, "every": every[key]}).scalar_one()
+        for key, want in _steps(every, last).items():
+            count = conn.execute(ON_SCHEDULE, {"run": run_id, "key": key, "first": min(want), "last": last,
+                                               "every": every[key]}).scalar_one()
             if count == len(want):
                 continue
             q = select(m.step).select_from(METRICS.join(METRIC_KEYS, m.key_id == k.id)).where(m.run_id == run_id,
@@ -84,12 +92,6 @@ def holes(engine: Engine, run_id: int, config_json: str | None, last: int) -> di
             if want - have:
                 out[key] = ranges(want - have, sorted(want))
     return out
-
-
-def _intervals(config_json: str | None) -> dict[str, int]:
-    """Each key's logging interval (a config :func:`schedule` accepted)."""
-    train = json.loads(config_json or "{}")["train"]
-    return {"train_loss": int(train["log_every"]), "eval_loss": int(train["eval_every"])}
 
 
 def text(found: dict[str, list[tuple[int, int]]]) -> str:

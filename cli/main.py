@@ -83,7 +83,8 @@ def launch(
     kill_if_worse_than: Annotated[str | None, typer.Option(help="early-stop rule: baseline variant")] = None,
     by: Annotated[float, typer.Option(help="early-stop rule: margin in eval loss")] = 0.1,
     at_step: Annotated[int | None, typer.Option(min=1, help="early-stop rule: eval step to check")] = None,
-    backend: Annotated[str, typer.Option(help="where runs execute: local | slurm")] = DEFAULT_BACKEND,
+    backend: Annotated[str, typer.Option(help="where runs execute: local | slurm | inline (in this "
+                                               "process)")] = DEFAULT_BACKEND,
     partition: Annotated[str | None, typer.Option(help="SLURM partition")] = None,
     nodes: Annotated[int | None, typer.Option(min=1, help="SLURM nodes per run (default 1)")] = None,
     gpus_per_node: Annotated[int | None, typer.Option(min=0, help="SLURM GPUs per node (default 0: CPU, --nproc "
@@ -121,6 +122,7 @@ def start_runs(variant: list[str], seeds: list[int] | None, preset: str, experim
 
     given = {k: v for k, v in flags.items() if v is not None} | key_values(backend_opt or [], "--backend-opt")
     placement = backends.get(backend).placement(nproc, given)
+    backends.get(backend).check_detach(detach)
     req = planning.request(variant, seeds, preset, steps, set_, data, backend, placement, kill_if_worse_than,
                            by, at_step, force, experiment, mirror, on_end, ladder)
     planning.check_request_data(req)  # its data and windows, before the database is opened (a dry run too)

@@ -44,7 +44,8 @@ def scale(
     force: Annotated[bool, typer.Option(help="run even if finished with the same config")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the ladder, the plan and the commands only")
                        ] = False,
-    backend: Annotated[str, typer.Option(help="where runs execute: local | slurm")] = DEFAULT_BACKEND,
+    backend: Annotated[str, typer.Option(help="where runs execute: local | slurm | inline (in this "
+                                               "process)")] = DEFAULT_BACKEND,
     backend_opt: Annotated[list[str] | None, typer.Option("--backend-opt", help="KEY=VALUE: any option of the "
                                                           "backend (its typed options)")] = None,
     mirror: Annotated[list[str] | None, typer.Option("--mirror", help="also send each run to a tracker (as "

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
+from attnres.runs import DEFAULT_BACKEND
 from cli.app import BudgetOpt, CellOpt, DataOpt, DbOpt, ExperimentOpt, PresetOpt, app, console
 from cli.render import show_cell, submit
 
@@ -24,6 +25,8 @@ def next_cmd(
     baseline: Annotated[str, typer.Option(help="variant every Δ is measured against")] = "standard",
     detach: Annotated[bool, typer.Option(help="with --launch: return at once; the queue runs in the background")
                       ] = False,
+    backend: Annotated[str, typer.Option(help="with --launch: where the runs execute: local | slurm | inline (in "
+                                               "this process)")] = DEFAULT_BACKEND,
     experiment: ExperimentOpt = None,
     preset: PresetOpt = None,
     budget: BudgetOpt = None,
@@ -36,6 +39,10 @@ def next_cmd(
     from attnres.tracking.run_store import RunStore
 
     store = RunStore(db, create=False)  # no database: one line at once, before the report code is imported
+    if launch:
+        from attnres.runs import backends
+
+        backends.get(backend).check_detach(detach)
 
     from attnres.runs import orchestrator, planning
     from attnres.runs.grid import parse_pick
@@ -64,7 +71,7 @@ def next_cmd(
                           "run(s).")
         return
     orchestrator.reconcile(store)  # after a crash: its dead runs end (and continue below) before planning
-    requests = plan.requests(kinds)
+    requests = plan.requests(kinds, backend)
     if not requests:
         console.print("nothing to launch: every comparison is resolved, planned, waiting or beyond --max-seeds")
         return

@@ -24,7 +24,7 @@ import pandas as pd
 
 from attnres.config import get_preset
 from attnres.errors import AttnresError
-from attnres.runs import grid, planning
+from attnres.runs import DEFAULT_BACKEND, grid, planning
 from attnres.tracking.states import ACTIVE, DIVERGED, FAILED, FINISHED, PREEMPTED, RUNNING
 from attnres.variants.registry import VARIANTS, resolve_run
 from reports.escape import cell_text
@@ -95,14 +95,15 @@ class Plan:
         """An item's commands, each with this plan's database."""
         return [x.argv(self.scope, self.db) for x in item.launches] + [[*c, *self.db] for c in item.commands]
 
-    def requests(self, kinds: tuple[str, ...] = KINDS) -> list[planning.LaunchRequest]:
-        """What ``attnres next --launch`` starts: the launches of ``kinds``, checked as ``attnres launch`` checks."""
+    def requests(self, kinds: tuple[str, ...] = KINDS, backend: str = DEFAULT_BACKEND) -> list[planning.LaunchRequest]:
+        """What ``attnres next --launch`` starts: the launches of ``kinds`` on ``backend``, checked as ``attnres
+        launch`` checks."""
         if self.imported:
             raise AttnresError("the runs of this scope were imported (recorded elsewhere, their settings unknown "
                                "here): launch the printed commands yourself if they train what they trained")
         s = self.scope
         return [planning.request(x.variants, x.seeds, s.preset, s.budget, x.overrides, s.data,
-                                 experiment=s.experiment) for x in self.launches(kinds)]
+                                 backend=backend, experiment=s.experiment) for x in self.launches(kinds)]
 
     def registration_of(self, kinds: tuple[str, ...] = KINDS) -> dict:
         """The pre-registration a launch of ``kinds`` records: the comparisons and their planned seeds."""

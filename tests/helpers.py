@@ -31,6 +31,10 @@ FAST_GPT2 = ["--set", "batch_size=4", "--set", "eval_batches=2", "--set", "eval_
 # output layer's, several times faster.
 BYTES = ["--data", "builtin-bytes", "--set", "vocab_size=320"]
 FAST = [*FAST_GPT2, *BYTES]
+# Runs trained in the test's own process (the inline backend: no torchrun, no trainer interpreter, 5-6 s less a
+# run on this machine): for tests whose subject is what runs record, not the processes that train them. What an
+# inline run records is what the same run under torchrun records (test_inline).
+INLINE = ["--backend", "inline"]
 # Steps of a run that a test ends by a kill or a signal: it cannot finish first, however fast the machine.
 LONG = "100000"
 
@@ -62,9 +66,11 @@ def cli_here(*args: object, check: bool = False, timeout: float = 600,
              columns: int = 200) -> subprocess.CompletedProcess:
     """The CLI's entry point called in the test's process, giving what :func:`attnres` gives (arguments, exit code,
     stdout, stderr; ``columns`` wide, no colour). No interpreter starts and nothing is imported again: a report
-    takes ~0.2 s here and 3-4 s as its own process, most of it importing torch, pandas and scipy. For verbs that
-    start no trainer and whose process is not the subject; a test of the installed command, of output to a pipe,
-    of a verb that starts or stops a trainer, or of what a fresh interpreter prints uses :func:`attnres`.
+    takes ~0.2 s here and 3-4 s as its own process, most of it importing torch, pandas and scipy. For every verb
+    whose own process is not the subject (a kill or resume here still signals or starts the run's own processes;
+    a launch with :data:`INLINE` trains in this process); a test of the installed command, of output to a pipe,
+    of commands racing each other, of a signal to the verb itself, or of what a fresh interpreter prints uses
+    :func:`attnres`.
 
     As a process's end would, the call waits for the ``--on-end`` commands it started and closes the databases
     it opened. Its warnings (those a plain interpreter shows) and log records go to its stderr. A
@@ -150,10 +156,14 @@ def stop_leftovers(db: Path) -> None:
     if not db.exists():
         return
     from attnres.runs import orchestrator
-    from attnres.tracking.db import get_engine
+    from attnres.tracking.run_store import RunStore
 
     try:
-        orchestrator.kill(get_engine(str(db)), None)
+        store = RunStore(str(db), create=False)
+        try:
+            orchestrator.kill(store, None)
+        finally:
+            store.close()
     except Exception:  # noqa: BLE001 - a test may leave a corrupt or locked file on purpose
         pass
 

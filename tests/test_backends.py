@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
-import subprocess
-import sys
+import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -23,55 +24,62 @@ from attnres.tracking.records import RunRecord
 from attnres.tracking.run_store import RunStore
 
 
-class InlineBackend(Backend):
-    """A whole backend, as a user would add one: runs each trainer as a plain process, one by one."""
+class PlainBackend(Backend):
+    """A whole backend, as a user would add one: runs each trainer in this process, one by one (its own
+    SIGTERM handler put back after each)."""
 
-    name = "inline"
+    name = "plain"
     killed: ClassVar[list[int]] = []
 
     def submit(self, store: RunStore, run_ids: Sequence[int], placement: Placement, *, detach: bool = False,
                on_tick: Callable[[], None] | None = None) -> Submitted:
+        from attnres import train
+
         for rid in run_ids:
-            subprocess.run([sys.executable, "-m", "attnres.train", "--run-id", str(rid), "--db", store.url],
-                           check=False, capture_output=True)
-        return Submitted([f"ran {len(run_ids)} run(s) inline"], {r: store.status_of(r) for r in run_ids})
+            handler = signal.getsignal(signal.SIGTERM)
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    train.main(["--run-id", str(rid), "--db", store.url])
+            finally:
+                signal.signal(signal.SIGTERM, handler)
+        return Submitted([f"ran {len(run_ids)} run(s) here"], {r: store.status_of(r) for r in run_ids})
 
     def poll(self, runs):
-        return {r.id: (GONE, "inline runs never outlive submit") for r in runs}
+        return {r.id: (GONE, "plain runs never outlive submit") for r in runs}
 
-    def kill(self, run) -> None:
-        InlineBackend.killed.append(run.id)
+    def kill(self, run, store=None) -> None:
+        PlainBackend.killed.append(run.id)
 
 
 @pytest.mark.integration
 def test_a_backend_is_one_module_and_one_registry_line(workdir, monkeypatch):
-    monkeypatch.setitem(backends.REGISTRY, "inline", f"{__name__}:InlineBackend")
+    monkeypatch.setitem(backends.REGISTRY, "plain", f"{__name__}:PlainBackend")
     store = RunStore(str(workdir / "runs.db"))
-    req = planning.request(["standard"], [1, 2], steps=2, backend="inline",
-                           overrides=["batch_size=2", "eval_batches=1", "n_layer=1", "d_model=32", "n_head=2",
-                                      "seq_len=32"])
+    small = ["batch_size=2", "eval_batches=1", "n_layer=1", "d_model=32", "n_head=2", "seq_len=32", "vocab_size=320"]
+    req = planning.request(["standard"], [1, 2], steps=2, backend="plain", overrides=small, data="builtin-bytes")
     ids, done = orchestrator.launch(store, req, planning.plan(store, req))
     assert done.results == {ids[0]: states.FINISHED, ids[1]: states.FINISHED}
-    assert all(store.run(i).backend == "inline" for i in ids)
+    assert all(store.run(i).backend == "plain" for i in ids)
     # kill and reconcile find the backend through the run's row
     def queue(seed: int) -> list[int]:
-        one = planning.request(["control_block"], [seed], steps=2, backend="inline")
+        one = planning.request(["control_block"], [seed], steps=2, backend="plain", overrides=small,
+                               data="builtin-bytes")
         return orchestrator.enqueue(store, planning.plan(store, one), one)
 
     again = queue(3)
-    assert orchestrator.kill(store, again) == again and InlineBackend.killed == again
+    assert orchestrator.kill(store, again) == again and PlainBackend.killed == again
     late = queue(4)
     store.move(late[0], states.RUNNING, states.TRAINER)
     assert orchestrator.reconcile(store) == late
     r = store.run(late[0])
-    assert (r.status, r.message) == (states.FAILED, "inline runs never outlive submit")
+    assert (r.status, r.message) == (states.FAILED, "plain runs never outlive submit")
     # resume, dry runs and logs go through the run's backend too (its protocol's defaults here)
     done = orchestrator.resume(store, late)
     assert done.results == {late[0]: states.FINISHED}
-    assert backends.get("inline").describe(7, "sqlite:///x.db", Placement(nproc=2))[0].endswith(
+    assert backends.get("plain").describe(7, "sqlite:///x.db", Placement(nproc=2))[0].endswith(
         "--nproc_per_node=2 -m attnres.train -- --run-id 7 --db sqlite:///x.db")
-    with pytest.raises(AttnresError, match=f"run {late[0]}'s log .* is gone"):  # (inline writes no log file)
-        list(backends.get("inline").logs(store, store.run(late[0])))
+    with pytest.raises(AttnresError, match=f"run {late[0]}'s log .* is gone"):  # (this backend writes no log file)
+        list(backends.get("plain").logs(store, store.run(late[0])))
 
 
 def test_a_dry_run_shows_what_its_backend_would_run(workdir, capsys, monkeypatch):

@@ -13,7 +13,7 @@ from helpers import FAST, LONG, attnres, cli_here, runs, train_steps, wait_for
 pytestmark = pytest.mark.integration
 
 # kill and resume issued together this many times (ATTNRES_TEST_TRIALS=20 for the long form: 0 holes in 20 too)
-TRIALS = int(os.environ.get("ATTNRES_TEST_TRIALS", "6"))
+TRIALS = int(os.environ.get("ATTNRES_TEST_TRIALS", "4"))
 
 
 def cli(*args: str) -> subprocess.Popen:
@@ -39,9 +39,9 @@ def test_kill_and_resume_together_leave_no_hole(workdir, monkeypatch):
             assert "is running" in (why := resume.stderr.read()) or "is queued" in why, why
             outcomes["resume refused (still running)"] += 1
             assert runs(workdir)[0]["status"] == "killed"
-            attnres("resume", "1", "--detach", check=True)
+            cli_here("resume", "1", "--detach", check=True)
     wait_for(lambda: runs(workdir)[0]["status"] == "running" and runs(workdir)[0]["pid"])
-    attnres("kill", "1", check=True)
+    cli_here("kill", "1", check=True)
     steps = train_steps(db)
     assert steps == sorted(set(steps)) and steps == list(range(2, steps[-1] + 1, 2)), "holes in the curve"
     assert steps[-1] >= 4
@@ -62,7 +62,7 @@ def test_a_finished_run_missing_rows_is_incomplete_until_resume_retrains_them(wo
     assert "train_loss steps 14-16" in runs(workdir)[0]["message"]
     report = cli_here("report", "--out", "r.md", "--no-plots")
     assert report.returncode in (0, 2)  # its curve is not used as complete: marked, or nothing to compare
-    out = attnres("resume", "1", check=True).stdout
+    out = cli_here("resume", "1", check=True).stdout
     assert "retraining the steps it lacks from step 14" in out, out
     assert runs(workdir)[0]["status"] == "finished"
     assert train_steps(db) == list(range(2, 31, 2)) + ([] if 30 % 2 == 0 else [30])

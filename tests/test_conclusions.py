@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import BYTES, FAST_GPT2, ROOT, attnres, cli_here
+from helpers import BYTES, FAST_GPT2, INLINE, ROOT, cli_here
 from scipy import stats
 from seed_scenario import rows as seed_rows
 from statsmodels.stats.multitest import multipletests
@@ -379,7 +379,7 @@ def test_next_launches_exactly_its_cells_and_the_report_tests_them_as_planned(wo
             "(paired; power 0.8 with σ at its 90% upper bound; ~3 at σ as observed)") in shown
     assert f"attnres next --launch` starts these {2 * (n - 2)} run(s)" in shown
     assert "attnres launch control_block standard --seeds 3 4 5 --preset tiny --steps 20 --data builtin-bytes" in shown
-    done = attnres("next", "--launch", "--only", "resolve", check=True)
+    done = cli_here("next", "--launch", "--only", "resolve", *INLINE, check=True)
     assert all(f"run {i}: finished" in done.stdout for i in range(5, 5 + 2 * (n - 2)))
     with sqlite3.connect(workdir / "runs.db") as conn:
         new = conn.execute("select variant, seed, launch_id, status from runs where id > 4 order by id").fetchall()

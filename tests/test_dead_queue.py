@@ -32,7 +32,7 @@ def test_resume_right_after_the_queue_died_needs_no_status_first(workdir):
     wait_for(lambda: (r := runs(workdir)) and r[0]["status"] == "running")
     os.kill(queue, signal.SIGKILL)
     wait_for(lambda: runs(workdir)[0]["status"] == "finished")
-    out = attnres("resume", "2", "3", check=True).stdout
+    out = cli_here("resume", "2", "3", check=True).stdout
     assert "run 2 (standard, seed 2)" in out and "run 3 (standard, seed 3)" in out
     assert [r["status"] for r in runs(workdir)] == ["finished"] * 3
 
@@ -52,7 +52,7 @@ def test_after_a_power_cut_the_first_resume_works(workdir, monkeypatch):
                              for p in (queue, run["agent_pid"], run["pid"])))
     assert runs(workdir)[0]["status"] == "running"  # nothing recorded the crash
     monkeypatch.setenv("ATTNRES_KILL_GRACE", "0")
-    out = attnres("resume", "1", "--detach", check=True).stdout  # no `attnres status` first
+    out = cli_here("resume", "1", "--detach", check=True).stdout  # no `attnres status` first
     assert "run 1 (standard, seed 1): from step " in out, out
     wait_for(lambda: runs(workdir)[0]["status"] == "running" and runs(workdir)[0]["pid"] != run["pid"])
-    attnres("kill", "1", check=True)
+    cli_here("kill", "1", check=True)

@@ -97,7 +97,7 @@ def test_sigkill_of_torchrun_ends_its_worker_and_the_run_stays_failed(workdir):
     print(f"FAULT-TABLE SIGKILL of torchrun: worker ended, run {r['status']} at step {r['step']}, "
           f"{len(steps)} logged steps, none lost")
     assert steps == list(range(1, len(steps) + 1)) and "signal 9" in r["message"]
-    out = attnres("resume", "1", check=True).stdout  # and it resumes
+    out = cli_here("resume", "1", check=True).stdout  # and it resumes
     assert "run 1: finished" in out and train_steps(workdir / "runs.db") == list(range(1, ISSUE_STEPS + 1))
 
 
@@ -118,7 +118,7 @@ def test_a_long_write_lock_neither_blocks_status_nor_fails_a_live_run(workdir, m
     print(f"FAULT-TABLE write lock held: status answered in {took:.1f} s, run shown running")
     assert "running" in status.stdout and took < 20  # it read what it could; it waited on no lock
     assert runs(workdir)[0]["status"] == "running"  # ... and its live worker is not declared dead
-    attnres("kill", "1", check=True)
+    cli_here("kill", "1", check=True)
 
 
 @pytest.fixture
@@ -147,16 +147,16 @@ def test_disk_full_where_logs_and_spool_live(workdir, small_disk):
 def test_a_cut_checkpoint_falls_back_to_the_previous_one(workdir):
     attnres("launch", "standard", "--seeds", "1", *ISSUE_RUN, "--set", "checkpoint_every=10", "--detach", check=True)
     at_step(workdir, ISSUE_MID)
-    attnres("kill", "1", check=True)
+    cli_here("kill", "1", check=True)
     last = workdir / "checkpoints" / "run-1" / "last.pt"
     last.write_bytes(last.read_bytes()[:2000])
-    out = attnres("resume", "1", check=True).stdout
+    out = cli_here("resume", "1", check=True).stdout
     log = (workdir / "logs" / "run-1.log").read_text()
     assert "run 1: finished" in out and "is unreadable; continuing from prev.pt" in log
     assert train_steps(workdir / "runs.db") == list(range(1, ISSUE_STEPS + 1))
     print("FAULT-TABLE cut checkpoint: resumed from prev.pt, finished, 0 rows lost")
-    attnres("kill", "--all")
-    again = attnres("resume", "1")
+    cli_here("kill", "--all")
+    again = cli_here("resume", "1")
     assert again.returncode == 2 and "only failed, killed, preempted" in again.stderr
 
 
@@ -184,11 +184,11 @@ def test_resume_with_every_checkpoint_unreadable_refuses_and_keeps_every_row(wor
         assert "Traceback" not in refused.stderr
         assert (metric_rows(workdir / "runs.db"), train_steps(workdir / "runs.db")) == (rows, steps)
         assert runs(workdir)[0]["status"] in ("failed", "killed")
-    restarted = attnres("resume", "1", "--restart", "--detach", check=True)
+    restarted = cli_here("resume", "1", "--restart", "--detach", check=True)
     assert "starting over from step 0" in restarted.stdout
     assert (workdir / "checkpoints" / "run-1.restart-1" / "last.pt").read_bytes() != b""  # the damaged files, kept
     wait_for(lambda: runs(workdir)[0]["status"] == "running" and len(train_steps(workdir / "runs.db")) >= 2)
-    attnres("kill", "1", check=True)
+    cli_here("kill", "1", check=True)
 
 
 def test_restart_sets_a_killed_runs_checkpoints_aside_and_starts_it_over(workdir):
@@ -196,17 +196,17 @@ def test_restart_sets_a_killed_runs_checkpoints_aside_and_starts_it_over(workdir
     attnres("launch", "standard", "--seeds", "2", *issue_run(int(LONG)), *BYTES, "--set", "checkpoint_every=2",
             "--detach", check=True)
     wait_for(lambda: runs(workdir) and runs(workdir)[0]["step"] >= 5)
-    attnres("kill", "1", check=True)
+    cli_here("kill", "1", check=True)
     with sqlite3.connect(workdir / "runs.db") as conn:  # a row the restarted run cannot have written yet
         conn.execute("insert into metrics (run_id, key_id, step, value) select 1, id, 99999, 0.0 from metric_keys "
                      "where name = 'train_loss'")
-    restarted = attnres("resume", "1", "--restart", "--detach", check=True)
+    restarted = cli_here("resume", "1", "--restart", "--detach", check=True)
     assert 99999 not in train_steps(workdir / "runs.db", 1), restarted.stdout
     assert (workdir / "checkpoints" / "run-1.restart-1" / "last.pt").is_file()
     wait_for(lambda: runs(workdir)[0]["status"] == "running" and len(train_steps(workdir / "runs.db", 1)) >= 3)
     steps = train_steps(workdir / "runs.db", 1)
     assert steps == list(range(1, len(steps) + 1))  # from step 1 again
-    attnres("kill", "1", check=True)
+    cli_here("kill", "1", check=True)
 
 
 def test_ctrl_c_on_a_foreground_grid_preempts_it_and_a_relaunch_continues_it(workdir):
@@ -232,14 +232,14 @@ def test_ctrl_c_on_a_foreground_grid_preempts_it_and_a_relaunch_continues_it(wor
 
 def test_a_second_queue_waits_for_the_machines_one_cpu_slot(workdir):
     attnres("launch", "standard", "--seeds", "7", *issue_run(10), check=True)
-    attnres("kill", "--all")
+    cli_here("kill", "--all")
     with sqlite3.connect(workdir / "runs.db") as conn:  # a finished run made resumable, as a killed one is
         conn.execute("update runs set status = 'killed'")
     # long enough to be seen going: its step reaches the database every 2 s (80 steps took 1.8 s on a fast CPU)
     first = attnres("launch", "standard", "--seeds", "8", *issue_run(200), "--detach",
                     check=True)
     at_step(workdir, 5, run=1)
-    second = attnres("resume", "1", "--detach", check=True)
+    second = cli_here("resume", "1", "--detach", check=True)
     wait_for(lambda: not process_alive(queue_pid(second.stdout)) and not process_alive(queue_pid(first.stdout)))
     a, b = runs(workdir)[1], runs(workdir)[0]
     print("FAULT-TABLE second queue on a CPU machine: ran after the first, never beside it")

@@ -11,9 +11,23 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
-from helpers import FAST, LONG, arms_csv, attnres, cli_here, curve, in_process, queue_pid, runs, train_steps, wait_for
+from helpers import (
+    FAST,
+    INLINE,
+    LONG,
+    arms_csv,
+    attnres,
+    cli_here,
+    curve,
+    in_process,
+    queue_pid,
+    runs,
+    train_steps,
+    wait_for,
+)
 
 from attnres import paths
 
@@ -60,8 +74,19 @@ def test_a_queued_run_says_what_it_waits_for_and_takes_over_a_dead_holders_slot(
     finally:
         if proc.poll() is None:
             proc.kill()
-        attnres("kill", "--all", "--db", str(other))
+        cli_here("kill", "--all", "--db", str(other))
     assert runs(workdir)[0]["status"] == "finished"
+
+
+def spooled_steps(spool: Path) -> list[int]:
+    """The steps of the metric lines in a spool (a line cut by a SIGKILL left out)."""
+    steps = []
+    for line in spool.read_text(errors="replace").splitlines() if spool.exists() else []:
+        try:
+            steps.append(int(json.loads(line).get("s", 0)))
+        except (ValueError, AttributeError, TypeError):
+            continue
+    return steps
 
 
 @pytest.mark.integration
@@ -70,10 +95,11 @@ def test_kill_lets_the_run_save_and_resume_says_from_which_step(workdir, monkeyp
     wait_for(lambda: max(train_steps(workdir / "runs.db"), default=0) >= 24)
     # no grace: SIGKILL at once; the checkpoint of its last eval (every 10 steps) is what is left
     monkeypatch.setenv("ATTNRES_KILL_GRACE", "0")
-    attnres("kill", "1", check=True)
+    cli_here("kill", "1", check=True)
     assert runs(workdir)[0]["status"] == "killed"
-    before = max(train_steps(workdir / "runs.db"))
-    out = attnres("resume", "1", "--detach", check=True).stdout
+    # the last step it trained: in the database, or still only in its spool (the writer flushes every second or so)
+    before = max(*train_steps(workdir / "runs.db"), *spooled_steps(workdir / "logs" / "run-1.spool.jsonl"))
+    out = cli_here("resume", "1", "--detach", check=True).stdout
     step = int(out.split("from step ")[1].split()[0])
     # (its last eval's checkpoint; on a loaded machine the trainer may still save at the SIGTERM first)
     assert 20 <= step <= before + 2, out
@@ -84,11 +110,11 @@ def test_kill_lets_the_run_save_and_resume_says_from_which_step(workdir, monkeyp
     assert min(s for s in train_steps(workdir / "runs.db") if s > step) == step // 2 * 2 + 2
     # with the grace period, the trainer saves where it is before it goes
     monkeypatch.setenv("ATTNRES_KILL_GRACE", "60")
-    attnres("kill", "1", check=True)
-    out = attnres("resume", "1", "--detach", check=True).stdout
+    cli_here("kill", "1", check=True)
+    out = cli_here("resume", "1", "--detach", check=True).stdout
     again = int(out.split("from step ")[1].split()[0])
     assert again > step + 4, out
-    attnres("kill", "1", check=True)
+    cli_here("kill", "1", check=True)
 
 
 @pytest.mark.integration
@@ -104,10 +130,10 @@ def test_resume_without_a_checkpoint_says_it_starts_over(workdir):
     os.kill(trainer, signal.SIGKILL)
     wait_for(lambda: runs(workdir)[0]["status"] == "failed")
     assert not (workdir / "checkpoints" / "run-1").exists() or not os.listdir(workdir / "checkpoints" / "run-1")
-    out = attnres("resume", "1", "--detach", check=True).stdout
+    out = cli_here("resume", "1", "--detach", check=True).stdout
     assert "run 1 (standard, seed 1): no checkpoint: starting over from step 0" in out, out
     wait_for(lambda: runs(workdir)[0]["status"] == "running" and runs(workdir)[0]["step"] >= 4)
-    attnres("kill", "1", check=True)
+    cli_here("kill", "1", check=True)
 
 
 def test_compare_finds_the_scope_that_holds_every_named_variant(workdir, capsys, monkeypatch):
@@ -157,14 +183,14 @@ def test_a_report_early_in_a_grid_never_compares_at_step_0(workdir):
         assert "(in experiment tiny" in cmp.stderr
     finally:
         os.kill(trainer, signal.SIGCONT)
-        attnres("kill", "--all")
+        cli_here("kill", "--all")
 
 
 @pytest.mark.integration
 def test_a_one_variant_sweep_reports_against_its_default_value(workdir):
-    out = attnres("launch", "control_block", "--seeds", "1", "2", "--steps", "6", *FAST, "--set", "lr=1e-3,3e-3",
-                  "--on-end", f"{sys.executable} -c \"import os,json; open(os.environ['ATTNRES_RUN_ID'] + '.json', "
-                  "'w').write(json.dumps(dict(os.environ)))\"", check=True)
+    out = cli_here("launch", "control_block", "--seeds", "1", "2", "--steps", "6", *FAST, "--set", "lr=1e-3,3e-3",
+                   "--on-end", f"{sys.executable} -c \"import os,json; open(os.environ['ATTNRES_RUN_ID'] + '.json', "
+                   "'w').write(json.dumps(dict(os.environ)))\"", *INLINE, check=True)
     assert out.returncode == 0
     done = cli_here("report", "--out", "r.md", "--no-plots", "--tuned", "lr", check=True)
     assert done.returncode == 0

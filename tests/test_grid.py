@@ -7,7 +7,7 @@ import sqlite3
 
 import pandas as pd
 import pytest
-from helpers import FAST, attnres, in_process, runs
+from helpers import FAST, INLINE, cli_here, in_process, runs
 
 from attnres.errors import AttnresError
 from attnres.runs import grid, planning
@@ -123,8 +123,8 @@ def _eval_means(workdir, step):
 @pytest.mark.integration
 def test_a_grid_is_grouped_by_its_cells_and_each_variant_is_compared_at_its_best_value(workdir, capsys,
                                                                                        monkeypatch):
-    out = attnres("launch", "standard", "control_block", "--seeds", "42", "1337", *FAST, "--steps", "12",
-                  "--set", "log_every=1", "--set", "lr=3e-3,1e-5", check=True).stdout
+    out = cli_here("launch", "standard", "control_block", "--seeds", "42", "1337", *FAST, "--steps", "12",
+                   "--set", "log_every=1", "--set", "lr=3e-3,1e-5", *INLINE, check=True).stdout
     assert "standard lr=3e-3 seed=42" in out and "control_block lr=1e-5 seed=1337" in out
     done = runs(workdir)
     assert len(done) == 8 and {r["status"] for r in done} == {"finished"}

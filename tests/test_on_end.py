@@ -6,7 +6,7 @@ import json
 import sys
 
 import pytest
-from helpers import FAST, LONG, attnres, curve, in_process, queue_pid, runs, wait_for
+from helpers import FAST, INLINE, LONG, attnres, cli_here, curve, in_process, queue_pid, runs, wait_for
 
 from attnres.runs.backends.local import process_alive
 
@@ -24,8 +24,8 @@ def _ends(path):
 def test_the_command_runs_once_per_run_with_its_state_and_last_eval(workdir):
     hook, ends = workdir / "hook.py", workdir / "ends.jsonl"
     hook.write_text(HOOK)
-    attnres("launch", "standard", "--seeds", "42", "1337", *FAST, "--steps", "12", "--on-end",
-            f"{sys.executable} {hook} {ends}", check=True)
+    cli_here("launch", "standard", "--seeds", "42", "1337", *FAST, "--steps", "12", "--on-end",
+             f"{sys.executable} {hook} {ends}", *INLINE, check=True)
     assert json.loads(runs(workdir)[0]["on_end_json"]) == [sys.executable, str(hook), str(ends)]  # (absolute)
     got = sorted(_ends(ends), key=lambda e: int(e["ATTNRES_RUN_ID"]))
     assert [e["ATTNRES_RUN_ID"] for e in got] == ["1", "2"]  # once each: the trainer waited for it
@@ -36,7 +36,8 @@ def test_the_command_runs_once_per_run_with_its_state_and_last_eval(workdir):
         assert e["ATTNRES_STEP"] == e["ATTNRES_TOTAL_STEPS"] == "12" and e["ATTNRES_LOG"].endswith(".log")
 
     # a command that fails is one warning in the run's log; the run is still finished
-    attnres("launch", "control_block", "--seeds", "42", *FAST, "--steps", "12", "--on-end", "false", check=True)
+    cli_here("launch", "control_block", "--seeds", "42", *FAST, "--steps", "12", "--on-end", "false", *INLINE,
+             check=True)
     run = runs(workdir)[2]
     assert run["status"] == "finished"
     log = (workdir / "logs" / f"run-{run['id']}.log").read_text()
@@ -50,7 +51,7 @@ def test_a_killed_run_notifies_from_the_kill_and_from_nowhere_else(workdir):
     out = attnres("launch", "standard", "--seeds", "7", *FAST, "--steps", LONG, "--detach", "--on-end",
                   f"{sys.executable} {hook} {ends}", check=True).stdout
     wait_for(lambda: runs(workdir) and runs(workdir)[0]["status"] == "running" and runs(workdir)[0]["step"] >= 2)
-    attnres("kill", "1", check=True)
+    cli_here("kill", "1", check=True)
     wait_for(lambda: not process_alive(queue_pid(out)))  # the trainer and its queue have had their say
     got = _ends(ends)
     assert len(got) == 1 and got[0]["ATTNRES_STATE"] == "killed" and got[0]["ATTNRES_RUN_ID"] == "1"

@@ -48,14 +48,14 @@ def test_sigkill_of_a_trainer_is_failed_within_30s_and_the_queue_goes_on(workdir
     wait_for(lambda: runs(workdir)[1]["status"] == "running")  # the next run starts
     status = cli_here("status", check=True).stdout
     assert "failed" in status
-    attnres("kill", "2", check=True)
+    cli_here("kill", "2", check=True)
     assert runs(workdir)[1]["status"] == "killed"
     interrupted = runs(workdir)[0]["step"]
-    out = attnres("resume", "1", "--detach", check=True).stdout  # continues from its last checkpoint
+    out = cli_here("resume", "1", "--detach", check=True).stdout  # continues from its last checkpoint
     assert "queue running in the background" in out
     wait_for(lambda: (r := runs(workdir)[0])["status"] == "running" and r["step"] > interrupted)
     assert runs(workdir)[0]["message"] is None  # the old failure is cleared
-    attnres("kill", "--all", check=True)
+    cli_here("kill", "--all", check=True)
 
 
 def test_sigterm_preempts_with_a_checkpoint_and_relaunching_the_grid_resumes(workdir):
@@ -69,7 +69,7 @@ def test_sigterm_preempts_with_a_checkpoint_and_relaunching_the_grid_resumes(wor
     again = attnres("launch", "standard", "--seeds", "3", *args, "--set", f"steps={LONG}", "--detach", check=True)
     assert "resume run 1" in again.stdout
     wait_for(lambda: runs(workdir)[0]["step"] > stopped)
-    attnres("kill", "1", check=True)
+    cli_here("kill", "1", check=True)
     assert len(runs(workdir)) == 1
 
 
@@ -85,8 +85,8 @@ def test_kill_of_a_queued_run_means_it_never_starts(workdir):
     out = attnres("launch", "standard", "--seeds", "1", "2", "--steps", LONG, *FAST, "--detach", check=True).stdout
     queue = int(out.split("(pid ")[1].split(")")[0])
     trainer = wait_for(lambda: (r := runs(workdir)[0])["status"] == "running" and r["pid"])
-    attnres("kill", "2", check=True)
-    attnres("kill", "1", check=True)
+    cli_here("kill", "2", check=True)
+    cli_here("kill", "1", check=True)
     wait_for(lambda: not psutil.pid_exists(trainer))  # the whole process tree is gone ...
     wait_for(lambda: not process_alive(queue))  # ... and the queue has settled both runs and left
     first, second = runs(workdir)

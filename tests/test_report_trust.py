@@ -10,7 +10,7 @@ import sqlite3
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import FAST, attnres, cli_here, database_at, in_process, runs
+from helpers import FAST, INLINE, attnres, cli_here, database_at, in_process, runs
 from scipy import stats
 from seed_scenario import rows as seed_rows
 from statsmodels.stats.multitest import multipletests
@@ -316,8 +316,8 @@ def test_provenance_never_shows_credentials():
 def test_depth_maps_are_recorded_drawn_and_named(workdir, capsys, monkeypatch):
     """A real run records each site's mean weight per source at every eval (summing to 1 per site);
     the report names long skips and the embedding's weight; `attnres inspect` draws one run's map."""
-    attnres("launch", "control_block", "standard", "--seeds", "1", "--steps", "10", *FAST, "--set", "n_layer=7",
-            "--set", "eval_every=5", "--experiment", "maps-1", check=True)
+    cli_here("launch", "control_block", "standard", "--seeds", "1", "--steps", "10", *FAST, "--set", "n_layer=7",
+             "--set", "eval_every=5", "--experiment", "maps-1", *INLINE, check=True)
     assert {r["experiment"] for r in runs(workdir)} == {"maps-1"}  # the launch's experiment, not the preset's
     assert "maps-1" in in_process(["status"], capsys, monkeypatch)[1]
     with sqlite3.connect(workdir / "runs.db") as conn:

@@ -8,7 +8,7 @@ import re
 import signal
 
 import pytest
-from helpers import FAST, LONG, attnres, runs, wait_for
+from helpers import FAST, LONG, attnres, cli_here, runs, wait_for
 
 from attnres.tracking import states
 from attnres.training import checkpoint, loop
@@ -54,9 +54,9 @@ def test_each_attempt_starts_the_log_with_a_header_and_a_killed_tiny_run_resumes
     first = log.read_text().splitlines()
     assert header_re("1", "standard", 7, run["config_hash"], 1, 0).fullmatch(first[0]), first[:3]
     assert progress_steps(first[1], int(LONG)) == [1]  # progress on the first step, long before its first eval
-    attnres("resume", "1", "--detach", check=True)
+    cli_here("resume", "1", "--detach", check=True)
     wait_for(lambda: "attempt 2" in log.read_text())
-    attnres("kill", "1", check=True)
+    cli_here("kill", "1", check=True)
     headers = [line for line in log.read_text().splitlines() if line.startswith("attnres run ")]
     assert len(headers) == 2 and headers[0] == first[0]
     assert header_re("1", "standard", 7, run["config_hash"], 2, resumes_at).fullmatch(headers[1]), headers

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import BYTES, attnres, cli_here, in_process, runs
+from helpers import BYTES, INLINE, cli_here, in_process, runs
 
 from attnres.config import RunConfig
 from attnres.model.flops import tokens_per_step, training_flops
@@ -146,8 +146,8 @@ def test_a_ladder_below_four_sizes_says_so_and_gives_no_number(workdir, capsys, 
 def test_a_real_tiny_ladder_trains_records_its_flops_and_fits(workdir):
     ladder_args = ["scale", "standard", "--sizes", "32x1", "64x1", "96x1", "128x1", "--tokens", "40k", "--seeds", "1",
                    *BYTES, "--set", "batch_size=4", "--set", "seq_len=32", "--set", "eval_every=100000",
-                   "--set", "eval_batches=2", "--set", "warmup=5", "--set", "log_every=10"]
-    attnres(*ladder_args, check=True)
+                   "--set", "eval_batches=2", "--set", "warmup=5", "--set", "log_every=10", *INLINE]
+    cli_here(*ladder_args, check=True)
     done = runs(workdir)
     assert [r["status"] for r in done] == ["finished"] * 4 and {r["experiment"] for r in done} == {"tiny-scale"}
     store = RunStore(str(workdir / "runs.db"))
@@ -166,7 +166,7 @@ def test_a_real_tiny_ladder_trains_records_its_flops_and_fits(workdir):
     grid = np.geomspace(frame["compute"].min(), frame["compute"].max() * 10, 50)
     assert np.all(np.diff(fit.loss(grid)) <= 1e-12)  # the curve falls (or is flat) with compute
     text = cli_here("report", "--scaling", "--out", "scaling.md", check=True)
-    again = attnres(*ladder_args, check=True).stdout  # every cell an ordinary run: a launch again trains nothing
+    again = cli_here(*ladder_args, check=True).stdout  # every cell an ordinary run: a launch again trains nothing
     assert again.count("skip: finished as run") == 4 and len(runs(workdir)) == 4
     document = (workdir / "scaling.md").read_text()
     assert "wrote scaling.md" in text.stdout and re.search(r"\| standard +\| +4 \| +4 \| +[0-9.e+-]+ \|", document)

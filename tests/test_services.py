@@ -55,7 +55,7 @@ def test_slurm_kill_cancels_the_job(workdir):
     attnres("launch", "standard", "--seeds", "9", "--steps", LONG, *FAST, "--backend", "slurm", check=True)
     wait_for(lambda: runs(workdir)[0]["status"] == "running")
     job = runs(workdir)[0]["job_id"]
-    attnres("kill", "1", check=True)
+    cli_here("kill", "1", check=True)
     assert runs(workdir)[0]["status"] == "killed"
     wait_for(lambda: job not in subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True,
                                                 text=True).stdout.split())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
-from helpers import FAST, FAST_GPT2, attnres
+from helpers import FAST, FAST_GPT2, INLINE, attnres, cli_here
 
 pytestmark = pytest.mark.integration
 
@@ -72,8 +72,8 @@ def test_unknown_variant_is_one_clear_line(workdir):
 
 
 def test_finished_config_is_skipped_unless_forced(workdir):
-    attnres("launch", "standard", "--seeds", "3", "--steps", "2", *FAST, check=True)
-    again = attnres("launch", "standard", "--seeds", "3", "--steps", "2", *FAST, check=True)
+    cli_here("launch", "standard", "--seeds", "3", "--steps", "2", *FAST, *INLINE, check=True)
+    again = cli_here("launch", "standard", "--seeds", "3", "--steps", "2", *FAST, *INLINE, check=True)
     assert "skip" in again.stdout
     with sqlite3.connect(workdir / "runs.db") as conn:
         assert conn.execute("select count(*) from runs").fetchone()[0] == 1

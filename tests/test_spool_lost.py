@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import FAST, LONG, attnres, runs, train_steps, wait_for
+from helpers import FAST, LONG, attnres, cli_here, runs, train_steps, wait_for
 from sqlalchemy.exc import OperationalError
 
 from attnres.runs.backends.local import process_alive
@@ -186,9 +186,9 @@ def test_logs_deleted_then_a_sigkill_then_resume_leaves_no_hole(workdir):
     wait_for(lambda: not process_alive(run["pid"]))
     wait_for(lambda: runs(workdir)[0]["status"] == "failed")
     crashed_at = max(train_steps(db))
-    attnres("resume", "1", "--detach", check=True)
+    cli_here("resume", "1", "--detach", check=True)
     wait_for(lambda: runs(workdir)[0]["status"] == "running" and max(train_steps(db)) >= crashed_at + 40)
-    attnres("kill", "1", check=True)
+    cli_here("kill", "1", check=True)
     wait_for(lambda: runs(workdir)[0]["status"] == "killed")
     steps = train_steps(db)
     print(f"FAULT-TABLE logs folder deleted, then SIGKILL at step {crashed_at}: spool made again, resumed to "

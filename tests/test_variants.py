@@ -344,7 +344,7 @@ def test_depth_variants_carry_a_revision_that_separates_their_runs_from_older_on
 def test_resume_refuses_a_run_recorded_by_an_earlier_revision(workdir):
     from dataclasses import replace
 
-    from helpers import attnres
+    from helpers import cli_here
 
     from attnres.tracking import store
     from attnres.tracking.db import get_engine
@@ -352,7 +352,7 @@ def test_resume_refuses_a_run_recorded_by_an_earlier_revision(workdir):
     engine = get_engine(str(workdir / "runs.db"))
     old = store.create_run(engine, replace(resolve_run("control_block", "tiny", 42), revision=1), status="failed",
                            actor="importer")
-    proc = attnres("resume", str(old))
+    proc = cli_here("resume", str(old))
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "revision 1 of control_block" in proc.stderr
     assert store.get_run(engine, old).status == "failed"  # nothing recorded changed
@@ -381,11 +381,11 @@ def test_variants_params_at_deep48_lists_the_deep_variants_as_refused():
 
 @pytest.mark.integration
 def test_resume_of_an_imported_run_is_one_line(workdir):
-    from helpers import attnres, cli_here
+    from helpers import cli_here
 
     (workdir / "m.csv").write_text("variant,seed,step,key,value,status\nstandard,1,10,eval_loss,3.0,failed\n")
     cli_here("import", "m.csv", check=True)
-    proc = attnres("resume", "1")
+    proc = cli_here("resume", "1")
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "imported" in proc.stderr
 
 

@@ -111,6 +111,7 @@ def launch(store: RunStore, req: LaunchRequest, cells: Sequence[PlannedRun], *, 
     called once the rows exist and may return a tick callback that the backend calls while it waits
     (the CLI's progress bars).
     """
+    backends.get(req.backend).check_detach(detach)
     batches = [(req, cells), *more]
     ranks = backends.get(req.backend).ranks(req.placement)  # (every batch runs with the first request's placement)
     for name, vocab, seq_len, batch in {(c.cfg.data, c.cfg.model.vocab_size, c.cfg.model.seq_len,
@@ -238,6 +239,8 @@ def resume(store: RunStore, run_ids: Sequence[int], *, detach: bool = False, res
     """Continue interrupted runs from their last checkpoint (or from step 0: ``restart``), each through the
     backend it ran on (this machine's queue, a SLURM job, ...)."""
     backends.reconcile(store)  # the first command after a crash: runs whose processes died are ended first
+    for name in {backends.backend_of(store.run(rid)) for rid in run_ids}:
+        backends.get(name).check_detach(detach)
     lines = reopen(store, run_ids, restart)
     for line in lines:
         say(line)  # before the queue starts (a foreground queue returns when the runs end)

@@ -44,7 +44,7 @@ class Run(Base):
     stop_step: Mapped[int | None] = mapped_column(Integer, nullable=True)  # diverged/stopped at
     message: Mapped[str | None] = mapped_column(Text, nullable=True)  # why it ended, last log lines
     log_path: Mapped[str | None] = mapped_column(String(1024), nullable=True)
-    backend: Mapped[str] = mapped_column(String(16), default="local")  # local | slurm
+    backend: Mapped[str] = mapped_column(String(16), default="local")  # local | slurm | inline (a REGISTRY name)
     agent_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)  # torchrun's process (group)
     job_id: Mapped[str | None] = mapped_column(String(64), nullable=True)  # SLURM job id
     rule_json: Mapped[str | None] = mapped_column(Text, nullable=True)  # early-stop rule, if any

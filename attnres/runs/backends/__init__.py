@@ -31,6 +31,7 @@ from attnres.tracking.run_store import DatabaseError, RunRecord, RunStore
 #: name -> "module:Class" (imported when first used, so a backend's dependencies stay optional)
 REGISTRY: dict[str, str] = {
     DEFAULT_BACKEND: "attnres.runs.backends.local:LocalBackend",
+    "inline": "attnres.runs.backends.inline:InlineBackend",
     "slurm": "attnres.runs.backends.slurm:SlurmBackend",
 }
 
@@ -133,6 +134,10 @@ class Backend:
     def check(self, placement: Placement) -> None:
         """Refuse, with one clear line (AttnresError), a placement this backend cannot honour."""
 
+    def check_detach(self, detach: bool) -> None:
+        """Refuse, with one clear line (AttnresError), ``--detach`` where this backend cannot return before its runs
+        end (checked before anything is queued)."""
+
     def ranks(self, placement: Placement) -> int:
         """How many ranks (processes) each run of this placement trains with: what a token budget is divided by."""
         return placement.nproc
@@ -185,8 +190,9 @@ class Backend:
         """For each run: (ALIVE | GONE | UNKNOWN, why), from what this backend can see of it now."""
         raise NotImplementedError
 
-    def kill(self, run: RunRecord) -> None:
-        """Stop the run's processes (or job) now. Its state was already set to killed."""
+    def kill(self, run: RunRecord, store: RunStore | None = None) -> None:
+        """Stop the run's processes (or job) now, before its state is set to killed (``store``: where the run is
+        recorded, for a backend that waits on the run's own word)."""
         raise NotImplementedError
 
     def reconcile(self, store: RunStore, runs: Sequence[RunRecord], errors: list[str] | None = None) -> list[int]:
@@ -317,7 +323,7 @@ def kill(store: RunStore, run_ids: Sequence[int]) -> list[int]:
             if run.status not in states.sources(states.USER, states.KILLED):
                 continue
             if run.status in states.ACTIVE and backend_of(run) in REGISTRY:  # (an imported run has no
-                get(backend_of(run)).kill(run)  # process here; a preempted one has none)
+                get(backend_of(run)).kill(run, store)  # process here; a preempted one has none)
             if store.move(rid, states.KILLED, states.USER, ended_at=states.now(), message="killed by attnres kill"):
                 killed.append(rid)
     return killed

@@ -350,7 +350,7 @@ class LocalBackend(Backend):
                 dead.append(run.id)
         return dead
 
-    def kill(self, run: RunRecord) -> None:
+    def kill(self, run: RunRecord, store: RunStore | None = None) -> None:
         """SIGTERM first (torchrun passes it to the trainer, which saves a checkpoint at the end of its step,
         so `attnres resume` continues from there), SIGKILL for whatever is left after ``kill_grace_s()``."""
         trainer = run.pid if run.host == socket.gethostname() else None

@@ -147,6 +147,6 @@ class SlurmBackend(Backend):
                 out[r.id] = (ALIVE, known[r.job_id])
         return out
 
-    def kill(self, run: RunRecord) -> None:
+    def kill(self, run: RunRecord, store: RunStore | None = None) -> None:
         if run.job_id:
             _run(["scancel", str(run.job_id)])

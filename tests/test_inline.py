@@ -1,0 +1,73 @@
+"""The inline backend: runs trained in the launching process record what torchrun's runs record, Ctrl-C and
+`attnres kill` stop them with a checkpoint, and what it cannot do is one line before anything is queued."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from helpers import FAST, LONG, cli_here, curve, runs, train_steps, wait_for
+
+pytestmark = pytest.mark.integration
+
+INLINE = ["--backend", "inline"]
+
+
+def test_an_inline_run_records_exactly_what_the_same_run_under_torchrun_records(workdir, monkeypatch):
+    args = ["launch", "standard", "control_block", "--seeds", "7", *FAST, "--steps", "12", "--set", "log_every=1"]
+    cli_here(*args, "--db", "torchrun.db", check=True)  # the local backend: a torchrun and a trainer a run
+    for name in ("LOGS", "CHECKPOINTS"):  # (the same run ids: their own logs and checkpoints)
+        monkeypatch.setenv(f"ATTNRES_{name}", str(workdir / "inline" / name.lower()))
+    out = cli_here(*args, *INLINE, "--db", "inline.db", check=True).stdout
+    assert "run 2: finished" in out, out
+    here = runs(workdir, "inline.db")
+    assert [(r["status"], r["backend"], r["pid"], r["agent_pid"]) for r in here] == [
+        ("finished", "inline", os.getpid(), None)] * 2
+    for rid in (1, 2):
+        for key in ("train_loss", "eval_loss", "grad_norm"):
+            assert curve(workdir, rid, key, "inline.db") == curve(workdir, rid, key, "torchrun.db"), (rid, key)
+    log = (workdir / "inline" / "logs" / "run-2.log").read_text()
+    assert log.startswith("attnres run 2 · variant control_block") and "step 12/12" in log
+    # the launching process is as it was: its signal handlers are its own again
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_kill_and_ctrl_c_stop_inline_runs_with_a_checkpoint_and_the_process_goes_on(workdir):
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "launch", "standard", "--seeds", "1", "2", "3",
+                             *FAST, "--steps", LONG, *INLINE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=os.environ | {"COLUMNS": "200", "ATTNRES_KILL_GRACE": "60"})
+    try:
+        db = workdir / "runs.db"
+        wait_for(lambda: max(train_steps(db, 1), default=0) >= 2)
+        cli_here("kill", "1", check=True)  # from another "terminal": the run saves and stops, the process goes on
+        first = runs(workdir)[0]
+        assert first["status"] == "killed" and (workdir / "checkpoints" / "run-1").is_dir()
+        wait_for(lambda: max(train_steps(db, 2), default=0) >= 2)
+        assert proc.poll() is None and runs(workdir)[1]["pid"] == proc.pid
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: this run checkpoints, the one not started is set aside
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (out, err)
+    assert [r["status"] for r in runs(workdir)] == ["killed", "preempted", "preempted"], err
+    assert (workdir / "checkpoints" / "run-2").is_dir() and not (workdir / "checkpoints" / "run-3").exists()
+    assert "not started" in runs(workdir)[2]["message"]
+    steps = train_steps(db, 2)
+    assert steps == list(range(2, steps[-1] + 1, 2)), "a hole in the stopped run's curve"
+    # its resume (where the run was trained: here) cannot detach; the refusal changes nothing
+    refused = cli_here("resume", "2", "--detach")
+    assert refused.returncode == 2 and "--detach" in refused.stderr and len(refused.stderr.splitlines()) == 1
+    assert runs(workdir)[1]["status"] == "preempted"
+
+
+@pytest.mark.parametrize("extra, says", [(["--detach"], "cannot return before its runs end"),
+                                         (["--nproc", "2"], "trains one rank")])
+def test_what_inline_cannot_do_is_one_line_and_nothing_is_queued(workdir, extra, says):
+    got = cli_here("launch", "standard", "--seeds", "1", *FAST, "--steps", "4", *INLINE, *extra)
+    assert got.returncode == 2 and says in got.stderr and len(got.stderr.strip().splitlines()) == 1, got.stderr
+    assert not (workdir / "runs.db").exists() or runs(workdir) == []

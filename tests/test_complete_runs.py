@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import FAST, LONG, attnres, cli_here, runs, train_steps, wait_for
+from helpers import FAST, INLINE, LONG, cli_here, runs, train_steps, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +23,7 @@ def cli(*args: str) -> subprocess.Popen:
 
 def test_kill_and_resume_together_leave_no_hole(workdir, monkeypatch):
     monkeypatch.setenv("ATTNRES_KILL_GRACE", "5")
-    attnres("launch", "standard", "--seeds", "1", "--steps", LONG, *FAST, "--detach", check=True)
+    cli_here("launch", "standard", "--seeds", "1", "--steps", LONG, *FAST, "--detach", check=True)
     db = workdir / "runs.db"
     outcomes = {"resumed after the kill": 0, "resume refused (still running)": 0}
     for trial in range(TRIALS):
@@ -51,7 +51,7 @@ def test_kill_and_resume_together_leave_no_hole(workdir, monkeypatch):
 def test_a_finished_run_missing_rows_is_incomplete_until_resume_retrains_them(workdir):
     import sqlite3
 
-    attnres("launch", "standard", "--seeds", "1", "--steps", "30", *FAST, check=True)
+    cli_here("launch", "standard", "--seeds", "1", "--steps", "30", *FAST, *INLINE, check=True)
     db = workdir / "runs.db"
     assert runs(workdir)[0]["status"] == "finished"
     with sqlite3.connect(db) as conn:  # rows lost as a lost spool with its trainer loses them

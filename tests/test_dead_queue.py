@@ -15,7 +15,7 @@ GRID = ["launch", "standard", "--seeds", "1", "2", "3", "--steps", "200", *FAST]
 
 
 def test_runs_queued_by_a_queue_that_died_are_continued_by_the_same_launch_again(workdir):
-    queue = queue_pid(attnres(*GRID, "--detach", check=True).stdout)
+    queue = queue_pid(cli_here(*GRID, "--detach", check=True).stdout)
     wait_for(lambda: (r := runs(workdir)) and r[0]["status"] == "running")
     os.kill(queue, signal.SIGKILL)  # run 1's trainer goes on (its own session); runs 2 and 3 lose their queue
     wait_for(lambda: runs(workdir)[0]["status"] == "finished")
@@ -28,7 +28,7 @@ def test_runs_queued_by_a_queue_that_died_are_continued_by_the_same_launch_again
 
 
 def test_resume_right_after_the_queue_died_needs_no_status_first(workdir):
-    queue = queue_pid(attnres(*GRID, "--detach", check=True).stdout)
+    queue = queue_pid(cli_here(*GRID, "--detach", check=True).stdout)
     wait_for(lambda: (r := runs(workdir)) and r[0]["status"] == "running")
     os.kill(queue, signal.SIGKILL)
     wait_for(lambda: runs(workdir)[0]["status"] == "finished")
@@ -38,8 +38,8 @@ def test_resume_right_after_the_queue_died_needs_no_status_first(workdir):
 
 
 def test_after_a_power_cut_the_first_resume_works(workdir, monkeypatch):
-    queue = queue_pid(attnres("launch", "standard", "--seeds", "1", "--steps", LONG, *FAST, "--detach",
-                              check=True).stdout)
+    queue = queue_pid(cli_here("launch", "standard", "--seeds", "1", "--steps", LONG, *FAST, "--detach",
+                               check=True).stdout)
     wait_for(lambda: (r := runs(workdir)) and r[0]["status"] == "running" and r[0]["pid"] and r[0]["agent_pid"]
              and r[0]["step"] >= 12)
     run = runs(workdir)[0]

@@ -74,8 +74,8 @@ def test_disk_full_on_the_spool_does_not_stop_training(workdir):
 
 
 def test_rank_failure_fails_the_run_and_keeps_its_rows(workdir):
-    attnres("launch", "standard", "--seeds", "1", "--nproc", "2", "--steps", LONG, *FAST, "--set", "log_every=1",
-            "--detach", check=True)
+    cli_here("launch", "standard", "--seeds", "1", "--nproc", "2", "--steps", LONG, *FAST, "--set", "log_every=1",
+             "--detach", check=True)
     run = wait_for(lambda: (r := runs(workdir)[0])["status"] == "running" and r["step"] >= 4 and r)
     workers = psutil.Process(run["agent_pid"]).children()
     rank1 = next(p for p in workers if p.pid != run["pid"])

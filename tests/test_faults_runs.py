@@ -47,7 +47,7 @@ def at_step(workdir, n: int, run: int = 0) -> dict:
 
 
 def test_database_deleted_mid_run_loses_nothing_and_sync_rebuilds_it(workdir):
-    out = attnres("launch", "standard", "--seeds", "1", *ISSUE_RUN, "--detach", check=True).stdout
+    out = cli_here("launch", "standard", "--seeds", "1", *ISSUE_RUN, "--detach", check=True).stdout
     at_step(workdir, ISSUE_MID)
     for suffix in ("", "-wal", "-shm"):
         (workdir / f"runs.db{suffix}").unlink(missing_ok=True)
@@ -66,7 +66,7 @@ def test_database_deleted_mid_run_loses_nothing_and_sync_rebuilds_it(workdir):
 
 
 def test_garbled_spool_lines_are_kept_aside_and_every_good_line_is_ingested(workdir):
-    out = attnres("launch", "standard", "--seeds", "1", *ISSUE_RUN, "--detach", check=True).stdout
+    out = cli_here("launch", "standard", "--seeds", "1", *ISSUE_RUN, "--detach", check=True).stdout
     at_step(workdir, ISSUE_MID)
     spool = workdir / "logs" / "run-1.spool.jsonl"
     junk = [b"\xff\xfe\xfd not utf-8\n", b'{"r": 1, "s": 7, "k": "train_lo\n',
@@ -87,7 +87,7 @@ def test_garbled_spool_lines_are_kept_aside_and_every_good_line_is_ingested(work
 
 
 def test_sigkill_of_torchrun_ends_its_worker_and_the_run_stays_failed(workdir):
-    attnres("launch", "standard", "--seeds", "1", *ISSUE_RUN, "--detach", check=True)
+    cli_here("launch", "standard", "--seeds", "1", *ISSUE_RUN, "--detach", check=True)
     run = at_step(workdir, ISSUE_MID)
     os.kill(run["agent_pid"], signal.SIGKILL)
     wait_for(lambda: not process_alive(run["pid"]))  # the worker dies with its torchrun
@@ -102,8 +102,8 @@ def test_sigkill_of_torchrun_ends_its_worker_and_the_run_stays_failed(workdir):
 
 
 def test_a_long_write_lock_neither_blocks_status_nor_fails_a_live_run(workdir, monkeypatch):
-    attnres("launch", "standard", "--seeds", "1", *issue_run(200), "--detach",
-            check=True)
+    cli_here("launch", "standard", "--seeds", "1", *issue_run(200), "--detach",
+             check=True)
     at_step(workdir, 20)
     holder = sqlite3.connect(workdir / "runs.db", isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")  # another process writes for a long time
@@ -132,7 +132,7 @@ def small_disk(workdir):
 
 
 def test_disk_full_where_logs_and_spool_live(workdir, small_disk):
-    out = attnres("launch", "standard", "--seeds", "1", *ISSUE_RUN, "--detach", check=True).stdout
+    out = cli_here("launch", "standard", "--seeds", "1", *ISSUE_RUN, "--detach", check=True).stdout
     at_step(workdir, ISSUE_MID)
     subprocess.run(["dd", "if=/dev/zero", f"of={small_disk / 'fill'}", "bs=64k"], capture_output=True)  # full
     wait_for(lambda: not process_alive(queue_pid(out)))
@@ -145,7 +145,7 @@ def test_disk_full_where_logs_and_spool_live(workdir, small_disk):
 
 
 def test_a_cut_checkpoint_falls_back_to_the_previous_one(workdir):
-    attnres("launch", "standard", "--seeds", "1", *ISSUE_RUN, "--set", "checkpoint_every=10", "--detach", check=True)
+    cli_here("launch", "standard", "--seeds", "1", *ISSUE_RUN, "--set", "checkpoint_every=10", "--detach", check=True)
     at_step(workdir, ISSUE_MID)
     cli_here("kill", "1", check=True)
     last = workdir / "checkpoints" / "run-1" / "last.pt"
@@ -161,8 +161,8 @@ def test_a_cut_checkpoint_falls_back_to_the_previous_one(workdir):
 
 
 def test_resume_with_every_checkpoint_unreadable_refuses_and_keeps_every_row(workdir):
-    attnres("launch", "standard", "--seeds", "3", *issue_run(int(LONG)), *BYTES, "--set", "checkpoint_every=2",
-            "--detach", check=True)
+    cli_here("launch", "standard", "--seeds", "3", *issue_run(int(LONG)), *BYTES, "--set", "checkpoint_every=2",
+             "--detach", check=True)
     trainer = wait_for(lambda: (rows := runs(workdir)) and rows[0]["step"] >= 6 and rows[0]["pid"]
                        and rows[0]["agent_pid"] and rows[0])
     # no save on the way out, from the trainer or anything it left: the files on disk are the last ones (a CI run
@@ -193,8 +193,8 @@ def test_resume_with_every_checkpoint_unreadable_refuses_and_keeps_every_row(wor
 
 def test_restart_sets_a_killed_runs_checkpoints_aside_and_starts_it_over(workdir):
     # The run is too long to finish, so the kill always finds it going however fast the machine.
-    attnres("launch", "standard", "--seeds", "2", *issue_run(int(LONG)), *BYTES, "--set", "checkpoint_every=2",
-            "--detach", check=True)
+    cli_here("launch", "standard", "--seeds", "2", *issue_run(int(LONG)), *BYTES, "--set", "checkpoint_every=2",
+             "--detach", check=True)
     wait_for(lambda: runs(workdir) and runs(workdir)[0]["step"] >= 5)
     cli_here("kill", "1", check=True)
     with sqlite3.connect(workdir / "runs.db") as conn:  # a row the restarted run cannot have written yet
@@ -236,8 +236,8 @@ def test_a_second_queue_waits_for_the_machines_one_cpu_slot(workdir):
     with sqlite3.connect(workdir / "runs.db") as conn:  # a finished run made resumable, as a killed one is
         conn.execute("update runs set status = 'killed'")
     # long enough to be seen going: its step reaches the database every 2 s (80 steps took 1.8 s on a fast CPU)
-    first = attnres("launch", "standard", "--seeds", "8", *issue_run(200), "--detach",
-                    check=True)
+    first = cli_here("launch", "standard", "--seeds", "8", *issue_run(200), "--detach",
+                     check=True)
     at_step(workdir, 5, run=1)
     second = cli_here("resume", "1", "--detach", check=True)
     wait_for(lambda: not process_alive(queue_pid(second.stdout)) and not process_alive(queue_pid(first.stdout)))

@@ -19,7 +19,6 @@ from helpers import (
     INLINE,
     LONG,
     arms_csv,
-    attnres,
     cli_here,
     curve,
     in_process,
@@ -49,8 +48,8 @@ def test_a_queued_run_says_what_it_waits_for_and_takes_over_a_dead_holders_slot(
     with monkeypatch.context() as elsewhere:
         for name in ("LOGS", "CHECKPOINTS"):
             elsewhere.setenv(f"ATTNRES_{name}", str(other.parent / name.lower()))
-        held = attnres("launch", "standard", "--seeds", "1", "--steps", LONG, *FAST, "--detach", "--db", str(other),
-                       check=True)
+        held = cli_here("launch", "standard", "--seeds", "1", "--steps", LONG, *FAST, "--detach", "--db", str(other),
+                        check=True)
     holder_queue = queue_pid(held.stdout)
     wait_for(lambda: runs(workdir, "elsewhere/other.db") and runs(workdir, "elsewhere/other.db")[0]["status"]
              == "running")
@@ -91,7 +90,7 @@ def spooled_steps(spool: Path) -> list[int]:
 
 @pytest.mark.integration
 def test_kill_lets_the_run_save_and_resume_says_from_which_step(workdir, monkeypatch):
-    attnres("launch", "standard", "--seeds", "1", "--steps", LONG, *FAST, "--detach", check=True)
+    cli_here("launch", "standard", "--seeds", "1", "--steps", LONG, *FAST, "--detach", check=True)
     wait_for(lambda: max(train_steps(workdir / "runs.db"), default=0) >= 24)
     # no grace: SIGKILL at once; the checkpoint of its last eval (every 10 steps) is what is left
     monkeypatch.setenv("ATTNRES_KILL_GRACE", "0")
@@ -119,8 +118,8 @@ def test_kill_lets_the_run_save_and_resume_says_from_which_step(workdir, monkeyp
 
 @pytest.mark.integration
 def test_resume_without_a_checkpoint_says_it_starts_over(workdir):
-    attnres("launch", "standard", "--seeds", "1", "--steps", LONG, *FAST, "--set", "eval_every=50000", "--detach",
-            check=True)
+    cli_here("launch", "standard", "--seeds", "1", "--steps", LONG, *FAST, "--set", "eval_every=50000", "--detach",
+             check=True)
     wait_for(lambda: (r := runs(workdir)) and r[0]["pid"] and r[0]["step"] >= 2)
     trainer = runs(workdir)[0]["pid"]
     os.kill(trainer, signal.SIGSTOP)  # held before its first eval: no checkpoint yet
@@ -159,8 +158,8 @@ def test_compare_finds_the_scope_that_holds_every_named_variant(workdir, capsys,
 @pytest.mark.integration
 def test_a_report_early_in_a_grid_never_compares_at_step_0(workdir):
     # one machine slot: standard trains first while control_block waits; a stopped trainer holds its step
-    attnres("launch", "standard", "control_block", "--seeds", "1", "--steps", LONG, *FAST,
-            "--set", "eval_every=2000", "--detach", check=True)
+    cli_here("launch", "standard", "control_block", "--seeds", "1", "--steps", LONG, *FAST,
+             "--set", "eval_every=2000", "--detach", check=True)
     wait_for(lambda: (r := runs(workdir)) and r[0]["pid"] and r[0]["step"] >= 2)
     trainer = runs(workdir)[0]["pid"]
     os.kill(trainer, signal.SIGSTOP)
@@ -206,9 +205,9 @@ def test_a_one_variant_sweep_reports_against_its_default_value(workdir):
 
 @pytest.mark.integration
 def test_an_earlier_launchs_queued_runs_start_before_a_later_ones(workdir):
-    first = attnres("launch", "standard", "--seeds", "1", "2", "--steps", "30", *FAST, "--detach", check=True)
+    first = cli_here("launch", "standard", "--seeds", "1", "2", "--steps", "30", *FAST, "--detach", check=True)
     wait_for(lambda: (r := runs(workdir)) and r[0]["status"] == "running")
-    attnres("launch", "control_block", "--seeds", "1", "--steps", "6", *FAST, "--detach", check=True)
+    cli_here("launch", "control_block", "--seeds", "1", "--steps", "6", *FAST, "--detach", check=True)
     wait_for(lambda: len(runs(workdir)) == 3 and all(r["status"] == "finished" for r in runs(workdir)))
     started = {r["id"]: r["started_at"] for r in runs(workdir)}
     assert started[1] < started[2] < started[3], started

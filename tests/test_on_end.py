@@ -6,7 +6,7 @@ import json
 import sys
 
 import pytest
-from helpers import FAST, INLINE, LONG, attnres, cli_here, curve, in_process, queue_pid, runs, wait_for
+from helpers import FAST, INLINE, LONG, cli_here, curve, in_process, queue_pid, runs, wait_for
 
 from attnres.runs.backends.local import process_alive
 
@@ -48,8 +48,8 @@ def test_the_command_runs_once_per_run_with_its_state_and_last_eval(workdir):
 def test_a_killed_run_notifies_from_the_kill_and_from_nowhere_else(workdir):
     hook, ends = workdir / "hook.py", workdir / "ends.jsonl"
     hook.write_text(HOOK)
-    out = attnres("launch", "standard", "--seeds", "7", *FAST, "--steps", LONG, "--detach", "--on-end",
-                  f"{sys.executable} {hook} {ends}", check=True).stdout
+    out = cli_here("launch", "standard", "--seeds", "7", *FAST, "--steps", LONG, "--detach", "--on-end",
+                   f"{sys.executable} {hook} {ends}", check=True).stdout
     wait_for(lambda: runs(workdir) and runs(workdir)[0]["status"] == "running" and runs(workdir)[0]["step"] >= 2)
     cli_here("kill", "1", check=True)
     wait_for(lambda: not process_alive(queue_pid(out)))  # the trainer and its queue have had their say

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.integration
 
 
 def test_detached_queue_runs_cpu_jobs_one_after_the_other(workdir):
-    out = attnres("launch", "standard", "control_block", "--seeds", "1", "--steps", "6", *FAST, "--detach",
-                  check=True).stdout
+    out = cli_here("launch", "standard", "control_block", "--seeds", "1", "--steps", "6", *FAST, "--detach",
+                   check=True).stdout
     assert "queue running in the background" in out
     assert [r["status"] for r in runs(workdir)] in (["queued", "queued"], ["running", "queued"])
     wait_for(lambda: all(r["status"] == "finished" for r in runs(workdir)))
@@ -33,8 +33,8 @@ def test_detached_queue_runs_cpu_jobs_one_after_the_other(workdir):
 
 
 def test_sigkill_of_a_trainer_is_failed_within_30s_and_the_queue_goes_on(workdir):
-    attnres("launch", "standard", "--seeds", "1", "2", "--steps", LONG, *FAST, "--set", "log_every=1", "--detach",
-            check=True)
+    cli_here("launch", "standard", "--seeds", "1", "2", "--steps", LONG, *FAST, "--set", "log_every=1", "--detach",
+             check=True)
     pid = wait_for(lambda: (r := runs(workdir)[0])["status"] == "running" and r["step"] >= 7 and r["pid"])
     killed_at = time.monotonic()
     os.kill(pid, signal.SIGKILL)  # mid-write, as likely as not
@@ -60,13 +60,13 @@ def test_sigkill_of_a_trainer_is_failed_within_30s_and_the_queue_goes_on(workdir
 
 def test_sigterm_preempts_with_a_checkpoint_and_relaunching_the_grid_resumes(workdir):
     args = ["--steps", LONG, *FAST, "--set", "checkpoint_every=1000"]
-    attnres("launch", "standard", "--seeds", "3", *args, "--detach", check=True)
+    cli_here("launch", "standard", "--seeds", "3", *args, "--detach", check=True)
     run = wait_for(lambda: (r := runs(workdir)[0])["status"] == "running" and r["step"] >= 3 and r)
     os.kill(run["agent_pid"], signal.SIGTERM)  # as a scheduler's preemption does: torchrun forwards it
     wait_for(lambda: runs(workdir)[0]["status"] == "preempted")
     stopped = runs(workdir)[0]["step"]
     assert (workdir / "checkpoints" / "run-1" / "last.pt").exists()
-    again = attnres("launch", "standard", "--seeds", "3", *args, "--set", f"steps={LONG}", "--detach", check=True)
+    again = cli_here("launch", "standard", "--seeds", "3", *args, "--set", f"steps={LONG}", "--detach", check=True)
     assert "resume run 1" in again.stdout
     wait_for(lambda: runs(workdir)[0]["step"] > stopped)
     cli_here("kill", "1", check=True)
@@ -82,7 +82,7 @@ def test_diverged_run_records_the_step(workdir):
 
 
 def test_kill_of_a_queued_run_means_it_never_starts(workdir):
-    out = attnres("launch", "standard", "--seeds", "1", "2", "--steps", LONG, *FAST, "--detach", check=True).stdout
+    out = cli_here("launch", "standard", "--seeds", "1", "2", "--steps", LONG, *FAST, "--detach", check=True).stdout
     queue = int(out.split("(pid ")[1].split(")")[0])
     trainer = wait_for(lambda: (r := runs(workdir)[0])["status"] == "running" and r["pid"])
     cli_here("kill", "2", check=True)

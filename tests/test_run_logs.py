@@ -8,7 +8,7 @@ import re
 import signal
 
 import pytest
-from helpers import FAST, LONG, attnres, cli_here, runs, wait_for
+from helpers import FAST, LONG, cli_here, runs, wait_for
 
 from attnres.tracking import states
 from attnres.training import checkpoint, loop
@@ -40,7 +40,7 @@ def progress_steps(out: str, steps: int) -> list[int]:
 @pytest.mark.integration
 def test_each_attempt_starts_the_log_with_a_header_and_a_killed_tiny_run_resumes_from_its_last_eval(workdir):
     # Too long to finish: the kills always find it going. FAST evals every 10 steps; checkpoint_every is tiny's 0.
-    attnres("launch", "standard", "--seeds", "7", "--steps", LONG, *FAST, "--detach", check=True)
+    cli_here("launch", "standard", "--seeds", "7", "--steps", LONG, *FAST, "--detach", check=True)
     ck, log = workdir / "checkpoints" / "run-1", workdir / "logs" / "run-1.log"
     run = wait_for(lambda: (r := runs(workdir)) and r[0]["status"] == "running" and r[0]["pid"]
                    and (ck / "last.pt").exists() and r[0])

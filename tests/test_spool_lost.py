@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import FAST, LONG, attnres, cli_here, runs, train_steps, wait_for
+from helpers import FAST, LONG, cli_here, runs, train_steps, wait_for
 from sqlalchemy.exc import OperationalError
 
 from attnres.runs.backends.local import process_alive
@@ -170,7 +170,7 @@ def test_logs_deleted_then_a_sigkill_then_resume_leaves_no_hole(workdir):
     goes); the resumed attempt is stopped by `attnres kill` well past the crash, and every logged step
     from the first to its last must be in the database.
     """
-    attnres("launch", "standard", "--seeds", "1", "--steps", LONG, *FAST, "--detach", check=True)
+    cli_here("launch", "standard", "--seeds", "1", "--steps", LONG, *FAST, "--detach", check=True)
     db, spool_file = workdir / "runs.db", workdir / "logs" / "run-1.spool.jsonl"
     wait_for(lambda: len(train_steps(db)) >= 10)
     shutil.rmtree(workdir / "logs")

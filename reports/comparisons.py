@@ -19,7 +19,7 @@ import pandas as pd
 from attnres.tracking.states import EARLY
 from attnres.variants import traits
 from reports import identity
-from reports.evidence import BASELINE, CONTRAST, TOP_TWO, Comparison, assess, control, pooled_sd
+from reports.evidence import BASELINE, CONTRAST, TOP_TWO, Comparison, assess, control, going, pooled_sd, stage_of
 from reports.scope import choose
 from reports.stats import ReportError, finite
 from reports.tables import per_variant
@@ -58,6 +58,7 @@ def document(runs: pd.DataFrame, evals: pd.DataFrame, baseline: str, budget: int
     comparisons the plan will add, which the seeds it plans must already allow for)."""
     out: list[Comparison] = []
     done: set[tuple[str, str]] = set()
+    seen = {"stage": stage_of(runs), "live_runs": going(runs)}  # (the runs' stages and live runs: read once)
     groups = [(g, _rows(g.table)) for g in (main, deep) if g is not None]  # each group's rows, read once
     for group, rows in groups:
         if baseline not in rows:
@@ -66,14 +67,14 @@ def document(runs: pd.DataFrame, evals: pd.DataFrame, baseline: str, budget: int
         for v in ranked["variant"]:
             if v != baseline and (v, baseline) not in done:
                 out.append(assess(Comparison(v, baseline, BASELINE, group.step, group.partial),
-                                  rows[v], rows[baseline], runs, plans))
+                                  rows[v], rows[baseline], runs, plans, **seen))
                 done.add((v, baseline))
     ranked = [v for v in main.table[main.table["mark"] == ""].sort_values("eval", kind="stable")["variant"]
               if v != baseline]
     if len(ranked) >= 2:
         rows = groups[0][1]
         out.append(assess(Comparison(ranked[0], ranked[1], TOP_TWO, main.step, main.partial),
-                          rows[ranked[0]], rows[ranked[1]], runs, plans))
+                          rows[ranked[0]], rows[ranked[1]], runs, plans, **seen))
         done |= {(ranked[0], ranked[1]), (ranked[1], ranked[0])}
     same = identity.same_models(runs, prefer=[baseline])  # one model under two names: no contrast of its traits
     for a, b, added in traits.contrasts(sorted(set(runs["variant"]))):
@@ -96,7 +97,8 @@ def document(runs: pd.DataFrame, evals: pd.DataFrame, baseline: str, budget: int
             if set(rows) != {a, b}:
                 out.append(Comparison(a, b, CONTRAST, step, partial, traits=added))
                 continue
-        out.append(assess(Comparison(a, b, CONTRAST, step, partial, traits=added), rows[a], rows[b], runs, plans))
+        out.append(assess(Comparison(a, b, CONTRAST, step, partial, traits=added), rows[a], rows[b], runs, plans,
+                          **seen))
     for c in out:
         c.interim = c.step != budget
     return control(out, pooled_sd(main.table), future=future)

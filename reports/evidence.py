@@ -170,20 +170,27 @@ def _arms(row_a: pd.Series, row_b: pd.Series) -> list[tuple[int, int, float, int
             for arm, row in ((0, row_a), (1, row_b)) for seed, value in row["values"].items()]
 
 
+def going(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs not at their step yet: going, or interrupted to go on (a preempted run resumes; ended ones are
+    done)."""
+    return runs[runs["status"].isin([*ACTIVE, PREEMPTED])]
+
+
 def assess(c: Comparison, row_a: pd.Series, row_b: pd.Series, runs: pd.DataFrame,
-           plans: Mapping[int, dict] | None = None) -> Comparison:
+           plans: Mapping[int, dict] | None = None, *, stage: Mapping[int, int] | None = None,
+           live_runs: pd.DataFrame | None = None) -> Comparison:
     """Fill ``c`` from the two arms' table rows (:func:`reports.tables.per_variant`): the looks made by its
     complete stages and Δ and Welch's p at the latest; the plan that applies; what it waits for.
 
     While a stage is running, the earlier stages' look stands; without one, the figures shown (and a plan's
-    seed count) are the seeds at the step so far, untested.
+    seed count) are the seeds at the step so far, untested. ``stage`` (:func:`stage_of`) and ``live_runs``
+    (:func:`going`) of ``runs``, when a document assesses many comparisons over the same runs: read once.
     """
-    stage = stage_of(runs)
+    stage = stage_of(runs) if stage is None else stage
+    live_runs = going(runs) if live_runs is None else live_runs
     seeds = _arms(row_a, row_b)
     held = {run_id for *_, run_id in seeds}
-    arms = runs[runs["variant"].isin([c.a, c.b])]
-    # not at the step yet: going, or interrupted to go on (a preempted run resumes; ended ones are done)
-    live = arms[arms["status"].isin([*ACTIVE, PREEMPTED]) & ~arms["id"].isin(held)]
+    live = live_runs[live_runs["variant"].isin([c.a, c.b]) & ~live_runs["id"].isin(held)]
     waiting_stages = {stage[int(r)] for r in live["id"]}
     order = sorted({stage[r] for *_, r in seeds} | waiting_stages)
     complete = []

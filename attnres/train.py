@@ -25,7 +25,7 @@ from attnres.logline import exit_now, say
 from attnres.tracking import launches
 from attnres.tracking.run_store import RunStore
 from attnres.training import distributed
-from attnres.training.loop import NullRecorder, header_prefix, speed_conditions, train
+from attnres.training.loop import NullRecorder, Preemption, header_prefix, speed_conditions, train
 from attnres.training.recorder import NotStarted, open_recorder
 from attnres.variants.registry import check_revision, resolve_run
 
@@ -59,7 +59,9 @@ def attempt_number(log_path: str | None, run_id: int) -> int:
         return 1
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, preemption: Preemption | None = None) -> int:
+    """Train the run; ``preemption``: the SIGTERM flag of a caller that trains in its own process (the inline
+    backend), made before the run starts so that a SIGTERM at any point stops it with a checkpoint."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     d = distributed.setup()
     store = RunStore(args.db)
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_revision(cfg, run_id)  # a run recorded by older code is not continued by this one
         ending = train(cfg, d, recorder, paths.checkpoints_dir(run_id), fresh=args.fresh, run_id=run_id,
-                       attempt=attempt_number(log_path, run_id) if d.is_rank0 else 1)
+                       attempt=attempt_number(log_path, run_id) if d.is_rank0 else 1, preemption=preemption)
     except BaseException as exc:
         if d.is_rank0:
             recorder.fail(exc)

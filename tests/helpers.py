@@ -32,8 +32,8 @@ FAST_GPT2 = ["--set", "batch_size=4", "--set", "eval_batches=2", "--set", "eval_
 BYTES = ["--data", "builtin-bytes", "--set", "vocab_size=320"]
 FAST = [*FAST_GPT2, *BYTES]
 # Runs trained in the test's own process (the inline backend: no torchrun, no trainer interpreter, 5-6 s less a
-# run on this machine): for tests whose subject is what runs record, not the processes that train them. What an
-# inline run records is what the same run under torchrun records (test_inline).
+# run on this machine): for tests whose subject is what runs record, not the processes that train them. An inline
+# run records the same curves and conditions as the same run under torchrun (test_inline).
 INLINE = ["--backend", "inline"]
 # Steps of a run that a test ends by a kill or a signal: it cannot finish first, however fast the machine.
 LONG = "100000"

@@ -6,7 +6,7 @@ import json
 import sys
 
 import pytest
-from helpers import FAST, INLINE, LONG, cli_here, curve, in_process, queue_pid, runs, wait_for
+from helpers import FAST, INLINE, LONG, attnres, cli_here, curve, in_process, queue_pid, runs, wait_for
 
 from attnres.runs.backends.local import process_alive
 
@@ -24,8 +24,8 @@ def _ends(path):
 def test_the_command_runs_once_per_run_with_its_state_and_last_eval(workdir):
     hook, ends = workdir / "hook.py", workdir / "ends.jsonl"
     hook.write_text(HOOK)
-    cli_here("launch", "standard", "--seeds", "42", "1337", *FAST, "--steps", "12", "--on-end",
-             f"{sys.executable} {hook} {ends}", *INLINE, check=True)
+    attnres("launch", "standard", "--seeds", "42", "1337", *FAST, "--steps", "12", "--on-end",
+            f"{sys.executable} {hook} {ends}", check=True)
     assert json.loads(runs(workdir)[0]["on_end_json"]) == [sys.executable, str(hook), str(ends)]  # (absolute)
     got = sorted(_ends(ends), key=lambda e: int(e["ATTNRES_RUN_ID"]))
     assert [e["ATTNRES_RUN_ID"] for e in got] == ["1", "2"]  # once each: the trainer waited for it

@@ -115,9 +115,18 @@ class Preemption:
 
 
 def peak_memory_bytes(device: torch.device) -> int:
-    """Peak CUDA allocation on GPU; peak resident set size of this process on CPU."""
+    """Peak CUDA allocation on GPU (since the run began: :func:`train` resets it); on CPU the peak resident set
+    size of this process (Linux's VmHWM, which a process that trains several runs resets before each: see
+    :mod:`attnres.runs.backends.inline`; elsewhere the lifetime peak)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -190,6 +199,8 @@ def train(cfg: RunConfig, d: Dist, recorder: Recorder, ckpt: Path, fresh: bool =
     step and on preemption.
     """
     started = datetime.now(UTC)
+    if d.device.type == "cuda":  # (this run's peak, not an earlier one's in the same process)
+        torch.cuda.reset_peak_memory_stats(d.device)
     torch.manual_seed(cfg.seed)
     data = paths.dataset(cfg.data)
     train_shards = TokenShards(data, "train", cfg.model.seq_len)

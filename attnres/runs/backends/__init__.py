@@ -13,6 +13,7 @@ backend that runs it (``runs.backend``).
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 import shlex
@@ -323,10 +324,18 @@ def kill(store: RunStore, run_ids: Sequence[int]) -> list[int]:
             if run.status not in states.sources(states.USER, states.KILLED):
                 continue
             if run.status in states.ACTIVE and backend_of(run) in REGISTRY:  # (an imported run has no
-                get(backend_of(run)).kill(run, store)  # process here; a preempted one has none)
+                _stop(get(backend_of(run)), run, store)  # process here; a preempted one has none)
             if store.move(rid, states.KILLED, states.USER, ended_at=states.now(), message="killed by attnres kill"):
                 killed.append(rid)
     return killed
+
+
+def _stop(backend: Backend, run: RunRecord, store: RunStore) -> None:
+    """``backend.kill(run)``, with the store where its ``kill`` takes one (a backend written before it did)."""
+    if "store" in inspect.signature(backend.kill).parameters:
+        backend.kill(run, store=store)
+    else:
+        backend.kill(run)
 
 
 def trainer_command(run_id: int | str, db_url: str, nproc: int = 1, rendezvous: Sequence[str] = ()) -> list[str]:

@@ -105,10 +105,12 @@ def start(store: RunStore, db_url: str, run_id: int, nproc: int, slots: list[str
     return Job(proc, log, slots)
 
 
-def settle(store: RunStore, run_id: int, returncode: int, log: Path, pid: int | None = None) -> str:
+def settle(store: RunStore, run_id: int, returncode: int, log: Path, pid: int | None = None,
+           owner: dict[str, object] | None = None) -> str:
     """Record the end of a run whose process ``pid`` exited; returns its final status.
 
-    A run re-queued meanwhile (a relaunch or resume) belongs to its new process: left alone. A
+    A run re-queued meanwhile (a relaunch or resume) belongs to its new process: left alone (its row no longer
+    holds ``owner``'s values, by default ``agent_pid=pid``). A
     database that is gone or unusable is not written (the run's spool keeps its last word for
     ``attnres sync``): the queue goes on, and the state it returns says the end is not recorded.
     """
@@ -117,9 +119,11 @@ def settle(store: RunStore, run_id: int, returncode: int, log: Path, pid: int | 
     try:
         store.check_location()
         run = store.run(run_id)
+        ours = owner or ({"agent_pid": pid} if pid is not None else None)  # still this attempt's run
 
         def still_ours() -> bool:  # a run re-queued meanwhile is its new process's, and so is its spool
-            return pid is None or store.run(run_id).agent_pid == pid
+            now = store.run(run_id)
+            return all(getattr(now, col) == value for col, value in (ours or {}).items())
 
         # the run's own last word, if it could not reach the database; a relaunch cannot reopen the run
         # between the check and the end below
@@ -128,7 +132,6 @@ def settle(store: RunStore, run_id: int, returncode: int, log: Path, pid: int | 
                 return store.run(run_id).status
             if recovered.error is not None:
                 say(f"attnres: run {run_id}: {recovered.error}", err=True)
-            ours = {"agent_pid": pid} if pid is not None else None  # still this process's run (no relaunch since)
             if store.move(run_id, states.FAILED, states.SUPERVISOR, where=ours, ended_at=states.now(),
                           exit_code=returncode, message=f"process {how} without recording an end\n{log_tail(log)}"):
                 return states.FAILED
@@ -353,7 +356,7 @@ class LocalBackend(Backend):
     def kill(self, run: RunRecord, store: RunStore | None = None) -> None:
         """SIGTERM first (torchrun passes it to the trainer, which saves a checkpoint at the end of its step,
         so `attnres resume` continues from there), SIGKILL for whatever is left after ``kill_grace_s()``."""
-        trainer = run.pid if run.host == socket.gethostname() else None
+        trainer = run.pid if run.host == socket.gethostname() and run.status == states.RUNNING else None
         procs = [p for p in (run.agent_pid, trainer) if p and p != os.getpid() and process_alive(p, run.started_at)]
         for pid in procs[:1]:  # torchrun if it is there (it stops its workers), else the trainer itself
             try:

@@ -215,14 +215,15 @@ def _one(store: RunStore, run_id: int, launch: _Launch) -> tuple[int, Path]:
         Path("/proc/self/clear_refs").write_text("5")
     threads = torch.get_num_threads()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or threads_per_process(1))
+    between = signal.getsignal(signal.SIGTERM)  # (the launch's own, or the process's where it left SIGTERM alone)
     launch.run = Preemption()  # (installs the trainer's SIGTERM handler now, not once its loop begins)
     try:
         return _trainer(train.main, ["--run-id", str(run_id), "--db", store.url], log, launch.run), log
     finally:
         launch.run = None
-        with contextlib.suppress(ValueError):
-            if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
-                signal.signal(signal.SIGTERM, launch.on_term)
+        if between is not None:
+            with contextlib.suppress(ValueError):
+                signal.signal(signal.SIGTERM, between)
         torch.set_num_threads(threads)
         if torch.cuda.is_available() and torch.cuda.is_initialized():  # the next queue's run gets this GPU whole
             torch.cuda.empty_cache()

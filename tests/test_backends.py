@@ -77,7 +77,7 @@ def test_a_backend_is_one_module_and_one_registry_line(workdir, monkeypatch):
     done = orchestrator.resume(store, late)
     assert done.results == {late[0]: states.FINISHED}
     assert backends.get("plain").describe(7, "sqlite:///x.db", Placement(nproc=2))[0].endswith(
-        "--nproc_per_node=2 -m attnres.train -- --run-id 7 --db sqlite:///x.db")
+        "--nproc_per_node=2 --start-method fork -m attnres.train -- --run-id 7 --db sqlite:///x.db")
     with pytest.raises(AttnresError, match=f"run {late[0]}'s log .* is gone"):  # (this backend writes no log file)
         list(backends.get("plain").logs(store, store.run(late[0])))
 

@@ -13,7 +13,7 @@ import sqlite3
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import FAST, attnres, cli_here
+from helpers import FAST, INLINE, cli_here
 
 from attnres.runs.backends.devices import threads_per_process
 from attnres.tracking import speed
@@ -31,15 +31,16 @@ def cost_rows(text: str) -> dict[str, list[str]]:
                                           for ln in part.splitlines() if ln.startswith("| "))}
 
 
-@pytest.mark.integration
 def test_runs_at_different_thread_counts_are_not_compared_and_a_paired_bench_decides(workdir, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the launcher fits the threads to the cores
-    attnres("launch", "standard", "control_block", "--seeds", "1", *RUN, check=True)
+    # (trained in this process: what is recorded is the subject, and an inline run records the conditions the
+    # same run records under torchrun, test_inline)
+    cli_here("launch", "standard", "control_block", "--seeds", "1", *RUN, *INLINE, check=True)
     fit = threads_per_process(1)
     if fit < 2:
         pytest.skip("one core: no other thread count to train at")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # one more seed of control_block, at one thread
-    attnres("launch", "control_block", "--seeds", "2", *RUN, check=True)
+    cli_here("launch", "control_block", "--seeds", "2", *RUN, *INLINE, check=True)
     with sqlite3.connect("runs.db") as conn:
         recorded = {(v, s): json.loads(c) for v, s, c in
                     conn.execute("select variant, seed, conditions_json from runs order by id")}
@@ -59,7 +60,7 @@ def test_runs_at_different_thread_counts_are_not_compared_and_a_paired_bench_dec
     command = re.search(r"`(attnres bench control_block --preset tiny [^`]*)`", text).group(1)
     assert all(f"--set {s}" in command for s in SETS if s.split("=")[0] in {"n_layer", "d_model", "n_head",
                                                                           "seq_len", "vocab_size", "batch_size"})
-    bench = attnres(*shlex.split(command)[1:], "--steps", "2", "--warmup", "0", check=True)
+    bench = cli_here(*shlex.split(command)[1:], "--steps", "2", "--warmup", "0", check=True)
     assert "recorded as bench 1" in bench.stderr
     cli_here("report", "--out", "r.md", "--no-plots", check=True)
     text = open("r.md").read()

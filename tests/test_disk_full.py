@@ -88,7 +88,11 @@ def test_values_a_full_disk_refused_reach_the_spool_and_the_database_once_it_has
     assert "cannot write spool" in capsys.readouterr().err
     assert w.held_values()[0] > 0
     filler.unlink()
-    wait_for(lambda: w.spool_ok and w.flush(timeout=5), timeout=60)  # tried again by the writer itself
+    try:
+        wait_for(lambda: w.spool_ok and w.flush(timeout=5), timeout=60)  # tried again by the writer itself
+    except AssertionError as exc:  # (say why: the spool's and the database's last errors)
+        raise AssertionError(f"{exc}; spool: {w.file.error!r}; database ({w.failures} failure(s)): "
+                             f"{w.last_error!r}; {capsys.readouterr().err[-2000:]}") from None
     assert "writable again" in capsys.readouterr().err
     assert steps_in_spool(w) == steps_in_database(w) == list(range(1, 2001))
     assert w.close() and w.lost_values() == 0

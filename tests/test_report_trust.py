@@ -187,7 +187,6 @@ def random_database(store, rng: random.Random) -> None:
                                                (10, "depth:1:embedding", 0.6)])
 
 
-@pytest.mark.integration
 def test_no_database_content_crashes_the_report(workdir):
     """Missing evals, NaN and inf, single runs, running and ended rows, two experiments: the report is
     written, or one clear line says why not (the CLI's exit 2)."""
@@ -216,8 +215,8 @@ def test_no_database_content_crashes_the_report(workdir):
         except ReportError as exc:
             assert "\n" not in str(exc), str(exc)
     assert outcomes["written"] >= 20 and outcomes["refused"] >= 10, outcomes
-    proc = attnres("report", "--db", str(workdir / "r0.db"), "--out", "x.md")  # and through the CLI
-    assert proc.returncode in (0, 2) and "Traceback" not in proc.stderr
+    proc = cli_here("report", "--db", str(workdir / "r0.db"), "--out", "x.md")  # and through the CLI (an
+    assert proc.returncode in (0, 2)  # exception would leave it with its traceback: the test fails)
 
 
 def frames_of(values: dict[str, dict[int, float]], tps: dict[str, float] | None = None

@@ -1,4 +1,5 @@
-"""End to end: the CLI launches real torchrun trainers that record runs in a real SQLite file."""
+"""End to end: the installed command launches real torchrun trainers that record runs in a real SQLite file (the
+verbs around them are called in the test's process: their output, not their interpreter, is the subject)."""
 
 from __future__ import annotations
 
@@ -39,10 +40,10 @@ def test_launch_two_seeds_records_finished_runs_whose_eval_loss_fell(workdir):
     assert eval_curve(db, 1)[-1][1] != eval_curve(db, 2)[-1][1]
     assert (workdir / "logs" / "run-1.log").exists()
 
-    status = attnres("status", check=True).stdout
+    status = cli_here("status", check=True).stdout
     assert "standard" in status and "finished" in status and "20/20" in status
 
-    report = attnres("report", "--out", "results.md", check=True)
+    report = cli_here("report", "--out", "results.md", check=True)
     text = (workdir / "results.md").read_text()
     assert "wrote results.md" in report.stdout
     assert "| standard" in text and "2 seeds (42, 1337)" in text and "at step 20, the final step" in text
@@ -56,18 +57,19 @@ def test_ddp_run_with_two_gloo_ranks(workdir):
 
 
 def test_dry_run_prints_the_torchrun_command_and_records_nothing(workdir):
-    out = attnres("launch", "control_block", "--seeds", "1", "--dry-run", check=True).stdout
-    assert "-m attnres.runs.torchrun --standalone --nproc_per_node=1 -m attnres.train -- --run-id" in out
+    out = cli_here("launch", "control_block", "--seeds", "1", "--dry-run", check=True).stdout
+    assert ("-m attnres.runs.torchrun --standalone --nproc_per_node=1 --start-method fork -m attnres.train -- --run-id"
+            in out)
     assert not (workdir / "runs.db").exists()
 
 
 def test_unknown_variant_is_one_clear_line(workdir):
-    proc = attnres("launch", "nosuchvariant", "--seeds", "1")
+    proc = cli_here("launch", "nosuchvariant", "--seeds", "1")
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "unknown variant 'nosuchvariant'" in lines[0]
     assert "Traceback" not in proc.stderr
-    near = attnres("launch", "block_gqa_dept", "--seeds", "1")
+    near = cli_here("launch", "block_gqa_dept", "--seeds", "1")
     assert near.returncode == 2 and "did you mean 'block_gqa_depth'?" in near.stderr
 
 

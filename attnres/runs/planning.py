@@ -17,7 +17,7 @@ import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -305,6 +305,14 @@ _BY_FLAG = {"variant", "seed", "preset", "experiment", "data", "revision", "step
 
 def reproduce(config_json: str, config_hash: str, preset: str, seed: int, budget: int, experiment: str
               ) -> list[str] | None:
+    """:func:`_reproduce`, a list of its own for each caller."""
+    items = _reproduce(config_json, config_hash, preset, seed, budget, experiment)
+    return None if items is None else list(items)
+
+
+@lru_cache(maxsize=4096)  # (a plan asks it for every variant of every scope; a config's answer never changes)
+def _reproduce(config_json: str, config_hash: str, preset: str, seed: int, budget: int, experiment: str
+               ) -> tuple[str, ...] | None:
     """The ``--set`` items with which ``attnres launch --preset P --steps B`` trains a run of this config again
     (any seed): every entry that differs from the preset's, bookkeeping included (log_every, compile, ... are
     in the config hash, which ``grid.settings`` leaves out). None when the config was recorded elsewhere (an
@@ -336,7 +344,7 @@ def reproduce(config_json: str, config_hash: str, preset: str, seed: int, budget
                             str(config.get("data")), experiment)
     except AttnresError:
         return None
-    return items if again.config_hash == config_hash else None
+    return tuple(items) if again.config_hash == config_hash else None
 
 
 @cache

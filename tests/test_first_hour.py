@@ -159,16 +159,16 @@ def test_compare_finds_the_scope_that_holds_every_named_variant(workdir, capsys,
 def test_a_report_early_in_a_grid_never_compares_at_step_0(workdir):
     # one machine slot: standard trains first while control_block waits; a stopped trainer holds its step
     cli_here("launch", "standard", "control_block", "--seeds", "1", "--steps", LONG, *FAST,
-             "--set", "eval_every=2000", "--detach", check=True)
+             "--set", "eval_every=1000", "--detach", check=True)  # (stopped long before its first eval)
     wait_for(lambda: (r := runs(workdir)) and r[0]["pid"] and r[0]["step"] >= 2)
     trainer = runs(workdir)[0]["pid"]
     os.kill(trainer, signal.SIGSTOP)
     try:
-        assert runs(workdir)[0]["step"] < 2000 and set(curve(workdir, 1, "eval_loss")) == {0}
+        assert runs(workdir)[0]["step"] < 1000 and set(curve(workdir, 1, "eval_loss")) == {0}
         done = cli_here("report", "--out", "r.md", "--no-plots")
         assert done.returncode == 2 and "too early" in done.stderr and "step 0 is the initialisation" in done.stderr
         os.kill(trainer, signal.SIGCONT)
-        wait_for(lambda: runs(workdir)[0]["step"] >= 2004)
+        wait_for(lambda: runs(workdir)[0]["step"] >= 1004)
         os.kill(trainer, signal.SIGSTOP)
         at = max(curve(workdir, 1, "eval_loss"))
         cli_here("report", "--out", "r.md", "--no-plots", check=True)

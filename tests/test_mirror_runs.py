@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import FAST, attnres, curve, in_process, runs
+from helpers import FAST, attnres, cli_here, curve, in_process, runs
 from test_mirrors import mlflow_points, wandb_read
 
 KEYS = ["train_loss", "lr", "grad_norm", "tokens_per_s", "peak_memory_bytes", "train_flops", "eval_loss"]
@@ -90,7 +90,7 @@ def test_a_failing_mirror_is_one_warning_and_sync_sends_what_it_missed_once(work
     (workdir / "a-file").write_text("not a folder")
     broken = f"mlflow=sqlite:///{workdir}/a-file/mlflow.db"  # a store that cannot be created
     monkeypatch.setenv("ATTNRES_MIRROR", broken)  # (the environment's mirrors, as no --mirror is given)
-    attnres("launch", "standard", "--seeds", "42", *FAST, "--steps", "20", check=True)
+    cli_here("launch", "standard", "--seeds", "42", *FAST, "--steps", "20", check=True)
     run = runs(workdir)[0]
     assert run["status"] == "finished" and json.loads(run["mirrors_json"]) == [broken]
     log = (workdir / "logs" / "run-1.log").read_text()
@@ -99,7 +99,7 @@ def test_a_failing_mirror_is_one_warning_and_sync_sends_what_it_missed_once(work
     assert len(want) == 20 // 2 * 6 + 3  # training and our database went on: every value is recorded
 
     good = f"sqlite:///{workdir}/mlflow.db"
-    sent = attnres("sync", "--mirror", f"mlflow={good}", check=True).stdout
+    sent = cli_here("sync", "--mirror", f"mlflow={good}", check=True).stdout
     assert f"mirrored 1 run(s): {len(want):,} values sent" in sent
     mirrored = mlflow_run(good, 1)
     assert mlflow_points(good, mirrored.info.run_id, KEYS) == want and mirrored.info.status == "FINISHED"

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from helpers import attnres, cli_here, database_at, runs, wait_for
+from helpers import cli_here, database_at, runs, wait_for
 
 from attnres.errors import AttnresError
 from attnres.runs import study
@@ -193,7 +193,7 @@ def test_a_study_stopped_by_sigterm_goes_on_where_it_stopped(workdir):
     its runs preempted with their checkpoint. The same command then continues those runs (not new ones) and ends
     the study resolved, with what it spent."""
     seeded(workdir, leave=("control_block",), steps=400)  # (40 steps can end before a poll sees them train)
-    started = attnres("study", "--detach", check=True)
+    started = cli_here("study", "--detach", check=True)
     assert "study 1 runs in the background (pid" in started.stdout
     pid = int(started.stdout.split("(pid ")[1].split(";")[0])
 
@@ -215,7 +215,7 @@ def test_a_study_stopped_by_sigterm_goes_on_where_it_stopped(workdir):
     log = (workdir / "logs" / "study-1.log").read_text()
     assert "stage 1:" in log and "study 1 interrupted (SIGTERM)" in log
 
-    done = attnres("study", check=True)  # the same command, in the foreground: study 1 goes on
+    done = cli_here("study", check=True)  # the same command, in the foreground (here): study 1 goes on
     assert "study 1 (continued)" in done.stdout
     assert "study 1 ended, resolved: 16 of 16 comparison(s); spent: 1 stage(s), 3 run(s)" in done.stdout
     assert "continuing the preempted runs" in done.stderr

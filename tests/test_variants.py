@@ -358,14 +358,13 @@ def test_resume_refuses_a_run_recorded_by_an_earlier_revision(workdir):
     assert store.get_run(engine, old).status == "failed"  # nothing recorded changed
 
 
-@pytest.mark.integration
 def test_launching_a_deep_variant_on_deep48_is_one_line_and_exit_2(workdir):
-    from helpers import attnres
+    from helpers import cli_here
 
-    proc = attnres("launch", "deep_baseline", "--preset", "deep48", "--seeds", "1", "--dry-run")
+    proc = cli_here("launch", "deep_baseline", "--preset", "deep48", "--seeds", "1", "--dry-run")
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().count("\n") == 0 and "--preset paper500m" in proc.stderr
-    ok = attnres("launch", "deep_baseline", "--preset", "paper500m", "--seeds", "1", "--dry-run", check=True)
+    ok = cli_here("launch", "deep_baseline", "--preset", "paper500m", "--seeds", "1", "--dry-run", check=True)
     assert "deep_baseline seed=1 preset=paper500m" in ok.stdout
 
 

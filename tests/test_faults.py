@@ -94,7 +94,7 @@ def test_corrupt_database_is_one_line_and_never_overwritten(workdir):
     db.write_bytes(b"this is not a database" * 100)
     before = sha(db)
     for args in (["status"], ["report", "--out", "r.md"], ["launch", "standard", "--seeds", "1"]):
-        proc = attnres(*args)
+        proc = cli_here(*args)  # (its output is the subject: a traceback here fails the test)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert "not a database" in proc.stderr
     assert sha(db) == before
@@ -109,7 +109,7 @@ def test_locked_database_is_one_line(workdir, monkeypatch):
     holder.execute("PRAGMA locking_mode=EXCLUSIVE")
     holder.execute("BEGIN EXCLUSIVE")
     monkeypatch.setenv("ATTNRES_DB_BUSY_TIMEOUT", "1")
-    proc = attnres("launch", "standard", "--seeds", "1", "--steps", "2", *FAST)
+    proc = cli_here("launch", "standard", "--seeds", "1", "--steps", "2", *FAST)
     holder.execute("ROLLBACK")
     holder.close()
     assert proc.returncode == 2 and "locked" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

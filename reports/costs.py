@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import pandas as pd
 from scipy import stats
 
-from attnres.tracking.speed import CONDITIONS, LOAD
+from attnres.tracking.speed import CONDITIONS, LOAD, PROCESS
 
 LOAD_APART, LOAD_HIGH = 0.25, 0.5  # others' CPU share (of the machine) that makes two arms' runs not alike
 NOISE_LEVEL = 0.95
@@ -144,11 +144,15 @@ def unrecorded(a: list[list[dict]]) -> bool:
 
 def fields_for(a: list[list[dict]]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The conditions that matter for these runs' speed and for their memory: on GPUs the CPU threads hardly
-    change a step's speed, and threads never change what a step holds."""
+    change a step's speed, and threads never change what a step holds; how the trainer's process started
+    changes no step's speed, and on a CPU it changes the peak memory (the whole process's resident set: a
+    trainer forked from torchrun's agent, or trained in the launching process, holds what that process held),
+    where a GPU's is the CUDA allocator's own."""
     devices = [str(s.get("device")) for sets in a for s in sets if s.get("device")]
     gpus = bool(devices) and not any(d.startswith("cpu") for d in devices)
-    memory = tuple(f for f in CONDITIONS if f != "threads")
-    return (memory if gpus else CONDITIONS), memory
+    memory = tuple(f for f in CONDITIONS if f != "threads" and not (gpus and f == PROCESS))
+    speed = tuple(f for f in (memory if gpus else CONDITIONS) if f != PROCESS)
+    return speed, memory
 
 
 def device(a: list[list[dict]]) -> str | None:
@@ -235,7 +239,8 @@ def cell(value: float, source: str) -> str:
 def conditions_text(sets: list[dict]) -> str:
     """'cpu: Intel Xeon x 1, 2 threads, float32, not compiled'."""
     return "; ".join(f"{s.get('device')} x {s.get('world_size')}, {s.get('threads')} thread(s), {s.get('dtype')}, "
-                     + ("compiled" if s.get("compile") else "not compiled") for s in sets)
+                     + ("compiled" if s.get("compile") else "not compiled")
+                     + (f", trainer process: {s[PROCESS]}" if s.get(PROCESS) else "") for s in sets)
 
 
 def note(costs: dict[str, Cost], runs: pd.DataFrame, benches: pd.DataFrame, baseline: str, preset: str,
@@ -245,7 +250,8 @@ def note(costs: dict[str, Cost], runs: pd.DataFrame, benches: pd.DataFrame, base
     recorded = [s for c in runs.get("conditions_json", pd.Series(dtype=object)) for s in condition_sets(c)]
     distinct = {json.dumps(s, sort_keys=True): s for s in ({f: x.get(f) for f in CONDITIONS} for x in recorded)}
     lines = ["Speed and memory are divided only between runs that recorded the same conditions (device model, "
-             "world size, compute threads (on CPUs), compile, dtype; memory: all but the threads), and speed only "
+             "world size, compute threads (on CPUs), compile, dtype; memory: all but the threads, and on CPUs how the "
+             "trainer's process started, as its peak memory is the whole process's), and speed only "
              f"between runs under alike load (other processes' CPU share within {LOAD_APART:.2f} of the machine, "
              f"none above {LOAD_HIGH:.2f}, where recorded). Otherwise the cell says what differs, or gives the figure "
              "of an `attnres bench` session on the runs' device, named in the cell, which timed the variants step "

@@ -19,7 +19,8 @@ from reports import compare, costs
 from reports.tables import per_variant
 from reports.verdicts import SPEED, cost_benefit
 
-CPU = {"device": "cpu: Xeon", "world_size": 1, "threads": 2, "compile": False, "dtype": "float32"}
+CPU = {"device": "cpu: Xeon", "world_size": 1, "threads": 2, "compile": False, "dtype": "float32",
+       "process": "forked"}
 
 
 def _arms(tps: dict[str, list[float]], loads: dict[str, list[float | None]] | None = None,
@@ -133,7 +134,7 @@ def test_a_run_keeps_its_load_beside_its_conditions():
     runs, evals = _arms({"standard": [100.0, 101.0], "control_block": [90.0, 91.0]},
                         {"standard": [0.01, 0.02], "control_block": [0.03, 0.04]})
     note = cost_benefit(per_variant(runs, evals, 100), "standard", runs=runs).attrs["note"]
-    assert "Every run here: cpu: Xeon x 1, 2 thread(s), float32, not compiled." in note
+    assert "Every run here: cpu: Xeon x 1, 2 thread(s), float32, not compiled, trainer process: forked." in note
 
 
 def test_status_compare_and_the_report_give_a_run_the_same_tok_s(workdir, capsys, monkeypatch):

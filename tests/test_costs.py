@@ -92,7 +92,8 @@ def _table(conditions: dict[tuple[str, int], list[dict] | None]) -> tuple[pd.Dat
     return pd.DataFrame(runs), pd.DataFrame(evals)
 
 
-GPU = {"device": "NVIDIA H100", "world_size": 8, "threads": 4, "compile": True, "dtype": "bfloat16"}
+GPU = {"device": "NVIDIA H100", "world_size": 8, "threads": 4, "compile": True, "dtype": "bfloat16",
+       "process": "interpreter"}
 
 
 def test_like_with_like_rules():
@@ -101,7 +102,8 @@ def test_like_with_like_rules():
     table = per_variant(runs, evals, 100)
     out = cost_benefit(table, "standard", runs=runs, preset="paper500m")
     assert list(out[SPEED]) == ["-20% (one run of standard: spread unknown)"] and list(out[MEMORY]) == ["+50%"]
-    assert "Every run here: NVIDIA H100 x 8, 4 thread(s), bfloat16, compiled." in out.attrs["note"]
+    assert ("Every run here: NVIDIA H100 x 8, 4 thread(s), bfloat16, compiled, trainer process: interpreter."
+            in out.attrs["note"])
     # another device model: neither figure, and the cell says what differs
     other = GPU | {"device": "NVIDIA A100"}
     runs, evals = _table({("standard", 1): [GPU], ("control_block", 1): [other]})
@@ -117,7 +119,8 @@ def test_like_with_like_rules():
     out = cost_benefit(per_variant(runs, evals, 100), "standard", runs=runs, preset="paper500m")
     assert out[SPEED].iloc[0] == "-20% (one run per arm: spread unknown)"
     # on a CPU they do: a bench on the runs' device decides the speed; memory does not depend on them
-    cpu = {"device": "cpu: Xeon", "world_size": 1, "threads": 2, "compile": False, "dtype": "float32"}
+    cpu = {"device": "cpu: Xeon", "world_size": 1, "threads": 2, "compile": False, "dtype": "float32",
+           "process": "forked"}
     runs, evals = _table({("standard", 1): [cpu], ("control_block", 1): [cpu | {"threads": 1}],
                           ("control_block", 2): [cpu]})
     benches = pd.DataFrame([
@@ -131,6 +134,15 @@ def test_like_with_like_rules():
     out = cost_benefit(per_variant(runs, evals, 100), "standard", runs=runs,
                        benches=benches.assign(device="cpu: EPYC"), preset="tiny")
     assert out[SPEED].iloc[0] == "not comparable: threads 1, 2 vs 2"
+    # how the trainer's process started: no step's speed depends on it; a CPU's peak memory (the whole process's
+    # resident set) does, a GPU's (the CUDA allocator's) does not
+    runs, evals = _table({("standard", 1): [cpu], ("control_block", 1): [cpu | {"process": "inline"}]})
+    out = cost_benefit(per_variant(runs, evals, 100), "standard", runs=runs, preset="tiny")
+    assert out[SPEED].iloc[0] == "-20% (one run per arm: spread unknown)"
+    assert out[MEMORY].iloc[0] == "not comparable: process inline vs forked"
+    runs, evals = _table({("standard", 1): [GPU], ("control_block", 1): [GPU | {"process": "forked"}]})
+    out = cost_benefit(per_variant(runs, evals, 100), "standard", runs=runs, preset="paper500m")
+    assert out[MEMORY].iloc[0] == "+50%" and out[SPEED].iloc[0] == "-20% (one run per arm: spread unknown)"
     # runs recorded elsewhere without conditions: divided as recorded, marked, and the note says so
     runs, evals = _table({("standard", 1): None, ("control_block", 1): None})
     out = cost_benefit(per_variant(runs, evals, 100), "standard", runs=runs)

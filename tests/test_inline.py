@@ -12,6 +12,8 @@ import sys
 import pytest
 from helpers import FAST, LONG, cli_here, curve, runs, train_steps, wait_for
 
+from attnres.runs.torchrun import cuda_build
+
 pytestmark = pytest.mark.integration
 
 INLINE = ["--backend", "inline"]
@@ -33,13 +35,18 @@ def test_an_inline_run_records_the_curves_and_conditions_of_the_same_run_under_t
             assert curve(workdir, rid, key, "inline.db") == curve(workdir, rid, key, "torchrun.db"), (rid, key)
     log = (workdir / "inline" / "logs" / "run-2.log").read_text()
     assert log.startswith("attnres run 2 · variant control_block") and "step 12/12" in log
-    # the same conditions (compute threads, one rank), and the launching process is as it was: its signal
-    # handlers are its own again
+    # the same conditions (compute threads, one rank) but how the trainer's process started (which a CPU's peak
+    # memory depends on), and the launching process is as it was: its signal handlers are its own again
     def conditions(rows: list[dict]) -> list[list[dict]]:  # (the machine's load during each run is its own)
-        return [[{k: v for k, v in c.items() if not k.startswith("load")} for c in json.loads(r["conditions_json"])]
-                for r in rows]
+        return [[{k: v for k, v in c.items() if not k.startswith("load") and k != "process"}
+                 for c in json.loads(r["conditions_json"])] for r in rows]
 
     assert conditions(here) == conditions(runs(workdir, "torchrun.db"))
+    def processes(rows: list[dict]) -> list[set[str]]:
+        return [{c["process"] for c in json.loads(r["conditions_json"])} for r in rows]
+
+    assert processes(runs(workdir, "torchrun.db")) == [{"interpreter" if cuda_build() else "forked"}] * 2
+    assert processes(here) == [{"inline"}] * 2
     assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
 
 

@@ -47,9 +47,10 @@ def run(argv: list[str]) -> None:
     with contextlib.suppress(OSError):
         os.setsid()  # (as torchrun starts a worker: its own session and process group)
     restore_signals()
-    from attnres.training.loop import Preemption
+    from attnres.training.loop import Preemption, started_as
 
     preemption = Preemption()  # SIGTERM: the trainer's flag from the first moment
+    started_as("forked")
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.reconfigure(line_buffering=True, write_through=True)

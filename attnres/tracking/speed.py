@@ -21,8 +21,10 @@ from attnres.tracking.schema import Benchmark
 if TYPE_CHECKING:
     import pandas as pd
 
-#: What a throughput depends on, in the order a report names them.
-CONDITIONS = ("device", "world_size", "threads", "compile", "dtype")
+#: What a throughput depends on, in the order a report names them; and how the trainer's process started
+#: (:data:`PROCESS`), which a CPU's peak memory depends on (it counts the whole process) and no throughput does.
+PROCESS = "process"
+CONDITIONS = ("device", "world_size", "threads", "compile", "dtype", PROCESS)
 
 
 UNKNOWN: dict[str, Any] = dict.fromkeys(CONDITIONS)  # an attempt that recorded none (before migration 0008)

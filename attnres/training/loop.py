@@ -167,11 +167,24 @@ def uses_bf16(tcfg: TrainConfig, device: torch.device) -> bool:
     return tcfg.dtype == "bfloat16" or (tcfg.dtype == "auto" and device.type == "cuda")
 
 
+#: How this process came to train (:func:`started_as`): "interpreter" (its own, as torchrun starts a worker of a
+#: module), "forked" (from torchrun's agent: :mod:`attnres.runs.fork_worker`) or "inline" (the launching process:
+#: :mod:`attnres.runs.backends.inline`). A CPU's peak memory (the whole process's resident set) depends on it.
+_PROCESS = ["interpreter"]
+
+
+def started_as(kind: str) -> None:
+    """Say how this process came to train (see :data:`_PROCESS`), before its first run."""
+    _PROCESS[0] = kind
+
+
 def speed_conditions(tcfg: TrainConfig, d: Dist) -> dict[str, object]:
     """What this attempt's tokens/s depends on besides its variant (:mod:`attnres.tracking.speed`): device
-    model, world size, compute threads per process (the launcher sets them to fit the cores), compile, dtype."""
+    model, world size, compute threads per process (the launcher sets them to fit the cores), compile, dtype;
+    and how its process started, which its CPU peak memory depends on."""
     return {"device": device_model(d.device), "world_size": d.world, "threads": torch.get_num_threads(),
-            "compile": compiles(tcfg, d.device), "dtype": "bfloat16" if uses_bf16(tcfg, d.device) else "float32"}
+            "compile": compiles(tcfg, d.device), "dtype": "bfloat16" if uses_bf16(tcfg, d.device) else "float32",
+            "process": _PROCESS[0]}
 
 
 def header_prefix(run_id: int | None) -> str:

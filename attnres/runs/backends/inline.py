@@ -40,7 +40,7 @@ from attnres.runs.backends.processes import kill_grace_s, process_alive
 from attnres.runs.backends.slots import Slots, holders
 from attnres.tracking import states
 from attnres.tracking.run_store import RunRecord, RunStore
-from attnres.training.loop import Preemption
+from attnres.training.loop import Preemption, started_as
 
 
 class InlineBackend(LocalBackend):
@@ -217,6 +217,7 @@ def _one(store: RunStore, run_id: int, launch: _Launch) -> tuple[int, Path]:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or threads_per_process(1))
     between = signal.getsignal(signal.SIGTERM)  # (the launch's own, or the process's where it left SIGTERM alone)
     launch.run = Preemption()  # (installs the trainer's SIGTERM handler now, not once its loop begins)
+    started_as("inline")
     try:
         return _trainer(train.main, ["--run-id", str(run_id), "--db", store.url], log, launch.run), log
     finally:

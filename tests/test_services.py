@@ -77,7 +77,12 @@ def test_slurm_requeue_resumes_from_the_checkpoint(workdir):
     wait_for(requeued)
     # SLURM holds a requeued job back for a while (BeginTime); let it start now
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
-    wait_for(lambda: runs(workdir)[0]["status"] == "finished", timeout=600, every=0.5)
+    try:
+        wait_for(lambda: runs(workdir)[0]["status"] == "finished", timeout=600, every=0.5)
+    except AssertionError as exc:  # (say why: the job's and the node's state as SLURM sees them)
+        seen = [subprocess.run(cmd, capture_output=True, text=True).stdout
+                for cmd in (["scontrol", "show", "job", job], ["sinfo", "-N", "-l"])]
+        raise AssertionError(f"{exc}; run: {runs(workdir)[0]}; {' '.join(seen)}") from None
     log = (workdir / "logs" / "run-1.log").read_text()
     assert "restart 1" in log  # the same job ran again ...
     with sqlite3.connect(workdir / "runs.db") as conn:

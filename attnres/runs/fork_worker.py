@@ -19,16 +19,11 @@ import os
 import signal
 import sys
 
+from attnres.logline import exit_now
+
 #: the exit code of a trainer stopped by SIGTERM (128 + 15, as a shell reports it)
 TERMINATED = 128 + signal.SIGTERM
 INTERRUPTED = 128 + signal.SIGINT
-
-
-def leave(code: int) -> None:
-    """End this worker now with ``code`` (its output flushed; no result for the agent to wait on)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def restore_signals() -> None:
@@ -63,13 +58,14 @@ def run(argv: list[str]) -> None:
         torch.set_num_threads(int(threads))
     from attnres.train import main
 
+    # a stopped worker leaves at once (output flushed, no result for the agent to wait on)
     try:
         code = main(argv, preemption)
     except KeyboardInterrupt:  # (recorded by the trainer; torch's worker wrapper would take it for a success)
-        leave(INTERRUPTED)
-    signal.signal(signal.SIGTERM, lambda *_: leave(TERMINATED))  # (the agent stopping its workers from now on)
+        exit_now(INTERRUPTED)
+    signal.signal(signal.SIGTERM, lambda *_: exit_now(TERMINATED))  # (the agent stopping its workers from now on)
     if preemption.requested:
-        leave(TERMINATED)
+        exit_now(TERMINATED)
     if code:
         sys.exit(code)
 

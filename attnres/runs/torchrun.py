@@ -31,8 +31,10 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         torchrun(forked(argv if argv is not None else sys.argv[1:]))
-    except Exception:  # noqa: BLE001 (any failure: torchrun's error summary, as the interpreter prints it; then no teardown, which would
-        traceback.print_exc()  # join a forked worker the agent gave up on (non-daemon: it may never end)
+    except Exception:  # noqa: BLE001 (any failure)
+        # torchrun's error summary, as the interpreter would print it; then no teardown, which would join a
+        # forked worker the agent gave up on (a non-daemon process: it may never end)
+        traceback.print_exc()
         exit_now(1)
     exit_now(0)
 

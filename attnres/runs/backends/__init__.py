@@ -343,12 +343,15 @@ def trainer_command(run_id: int | str, db_url: str, nproc: int = 1, rendezvous: 
 
     Without ``rendezvous`` arguments it is a standalone torchrun on this machine. torchrun runs through
     :mod:`attnres.runs.torchrun` (torchrun's own code, which skips the interpreter's teardown once
-    the run succeeded); its workers are forked from the agent (``--start-method fork``), which has
-    imported torch already: each run starts ~3.5 s sooner on a 2-core CPU than with new interpreters.
+    the run succeeded); a standalone one forks its workers from the agent (``--start-method fork``), which has
+    imported torch already: each run starts ~3.5 s sooner on a 2-core CPU than with new interpreters. With a
+    rendezvous (SLURM) its workers start as new interpreters: a requeued SLURM job of forked workers was seen
+    never to start again (twice, after other jobs on the node), and is not understood yet.
     """
+    fork = [] if rendezvous else ["--start-method", "fork"]
     rdzv = list(rendezvous) or ["--standalone"]
-    return [sys.executable, "-m", "attnres.runs.torchrun", *rdzv, f"--nproc_per_node={nproc}",
-            "--start-method", "fork", "-m", "attnres.train", "--", "--run-id", str(run_id), "--db", db_url]
+    return [sys.executable, "-m", "attnres.runs.torchrun", *rdzv, f"--nproc_per_node={nproc}", *fork,
+            "-m", "attnres.train", "--", "--run-id", str(run_id), "--db", db_url]
 
 
 def log_tail(path: Path | str | None, n: int = 20) -> str:

@@ -73,7 +73,7 @@ endif
 gpu-check:
 	$(GPU_ENV) ATTNRES_TEST_DEVICE=$(GPU_DEVICE) $(GPU_PYTHON) -m pytest -q -p no:cacheprovider \
 		tests/test_equivalence.py -k "triton and not compile"
-	$(GPU_ENV) $(GPU_PYTHON) -m cli.main bench --device $(GPU_DEVICE) $(GPU_BENCH)
+	$(GPU_ENV) $(GPU_PYTHON) -m attnres.cli.main bench --device $(GPU_DEVICE) $(GPU_BENCH)
 
 clean:
 	rm -rf $(VENV) runs.db runs.db-* data logs checkpoints reports/*.png attnres-results.md attnres-results_figures

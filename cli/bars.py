@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from cli.app import console
+from attnres.cli.app import console
 
 if TYPE_CHECKING:
     from attnres.tracking.run_store import RunStore

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from cli.app import DbOpt, app, console, err
+from attnres.cli.app import DbOpt, app, console, err
 
 
 @app.command()
@@ -59,12 +59,12 @@ def bench(
     kind = target[0] if target else "variants"
     if kind in {"data", "report", "tracker", "errors", "scaling"}:
         if kind == "scaling":
-            from reports.bench_scaling import bench_scaling
+            from attnres.reports.bench_scaling import bench_scaling
 
             result = _with_progress(kind, json_out, lambda say: bench_scaling(100 if draws is None else draws,
                                                                               progress=say))
         elif kind == "errors":
-            from reports.bench import bench_errors
+            from attnres.reports.bench import bench_errors
 
             result = _with_progress(kind, json_out, lambda say: bench_errors(
                 200 if draws is None else draws, variants, tuple(seeds or ()), progress=say, processes=processes,
@@ -74,14 +74,14 @@ def bench(
 
             result = bench_data(megabytes)
         elif kind == "report":
-            from reports.bench import bench_report
+            from attnres.reports.bench import bench_report
 
             result = bench_report(200 if runs is None else runs, 6000 if steps is None else steps)
         else:
             from rich.progress import Progress, TextColumn, TimeElapsedColumn  # (not on status's path)
 
             from attnres.bench.tracker import bench_tracker
-            from reports.build import write_report
+            from attnres.reports.build import write_report
 
             with Progress(TextColumn("{task.description}"), TimeElapsedColumn(), console=err, disable=json_out,
                           transient=True) as bar:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from attnres import outputs
-from cli.app import (
+from attnres.cli.app import (
     RUN_ID_MAX,
     BudgetOpt,
     CellOpt,
@@ -20,7 +20,7 @@ from cli.app import (
     app,
     console,
 )
-from cli.render import print_frame
+from attnres.cli.render import print_frame
 
 if TYPE_CHECKING:
     pass
@@ -56,8 +56,8 @@ def report(
 
     store = RunStore(db, create=False)  # no database: one line at once, before the report code is imported
     if scaling:
+        from attnres.reports.build_scaling import write_scaling
         from attnres.variants.registry import canonical
-        from reports.build_scaling import write_scaling
 
         given = {"--step": step, "--preset": preset, "--budget": budget, "--data": data, "--set": set_,
                  "--tuned": tuned}
@@ -65,9 +65,9 @@ def report(
         console.print(f"wrote {out}")
         return
 
+    from attnres.reports.build import write_report
     from attnres.runs.grid import parse_pick
     from attnres.variants.registry import canonical
-    from reports.build import write_report
 
     pick = parse_pick(set_ or [])
     write_report(store, out, canonical(baseline), step, plots, experiment, preset, budget, data, pick, tuned,
@@ -97,9 +97,9 @@ def compare(
 
     store = RunStore(db, create=False)  # no database: one line at once, before the report code is imported
 
+    from attnres.reports import compare as compare_tables
+    from attnres.reports.build import compare as run_compare
     from attnres.runs.grid import parse_pick
-    from reports import compare as compare_tables
-    from reports.build import compare as run_compare
 
     pick = parse_pick(set_ or [])
     if out:
@@ -137,8 +137,8 @@ def inspect(
     db: DbOpt = None,
 ) -> None:
     """Draw one run's depth-attention map: each site's mean weight on each source, at an eval."""
+    from attnres.reports.build import inspect as draw
     from attnres.tracking.run_store import RunStore
-    from reports.build import inspect as draw
 
     at, summary = draw(RunStore(db, create=False), run, out, step)
     console.print(f"run {run} at step {at:,}: {summary}", markup=False, highlight=False, soft_wrap=True)

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from cli.app import DbOpt, ExperimentOpt, PresetOpt, app, console, data_app
+from attnres.cli.app import DbOpt, ExperimentOpt, PresetOpt, app, console, data_app
 
 
 @app.command("export")
@@ -31,7 +31,7 @@ def import_cmd(
     file: Annotated[Path, typer.Argument(help="CSV/JSONL/Parquet: run?, variant, seed, step, key, value, status?")],
     db: DbOpt = None,
 ) -> None:
-    """Import runs recorded elsewhere (format: see attnres/tracking/transfer.py or README) into the database."""
+    """Import runs recorded elsewhere (format: see attnres/tracking/transfer.py or docs/cli.md) into the database."""
     from attnres.tracking.run_store import RunStore
     from attnres.tracking.transfer import imported_text, read_import
 

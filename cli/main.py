@@ -12,10 +12,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from attnres.errors import AttnresError
-from attnres.runs import DEFAULT_BACKEND
-from attnres.tracking.run_store import DatabaseError, RunStore
-from cli.app import (
+from attnres.cli.app import (
     RUN_ID_MAX,
     DbOpt,
     ExperimentOpt,
@@ -26,8 +23,11 @@ from cli.app import (
     err,
     expand_multi,
 )
-from cli.bars import RunBars
-from cli.render import show_cell, submit
+from attnres.cli.bars import RunBars
+from attnres.cli.render import show_cell, submit
+from attnres.errors import AttnresError
+from attnres.runs import DEFAULT_BACKEND
+from attnres.tracking.run_store import DatabaseError, RunStore
 
 if TYPE_CHECKING:
     from attnres.runs.backends import Submitted
@@ -221,19 +221,10 @@ def status(
     preset: PresetOpt = None,
     db: DbOpt = None,
 ) -> None:
-    """Live state of the runs: active ones and the most recent (runs whose process died are marked failed first)."""
+    """Live state of the runs: active ones and the most recent. Only reads: a run whose process is gone is shown
+    so, and `attnres sync` records it."""
 
-    from attnres.runs.status import (
-        RECENT,
-        gone_notes,
-        grid_rows,
-        reconcile,
-        resume_note,
-        slot_waits,
-        status_rows,
-        unrecorded,
-        why_notes,
-    )
+    from attnres.runs.status import RECENT, grid_rows, live, shown
     from attnres.tracking import states
 
     if not RunStore.exists(db):  # nothing launched here yet: an empty listing, not an error (and no file made)
@@ -242,13 +233,12 @@ def status(
     store = RunStore(db, create=False, busy_s=1.0)  # shows what it can read now; never waits on a lock
     if watch and not console.is_terminal:
         # piped (`| tee`, a log, CI): a live view's cursor movement would be garbage there, so each refresh is a
-        # time line and the grid's rows as plain aligned text; it ends by itself once nothing in the view is
-        # queued or running, so the pipe does too
+        # time line and the grid's rows as plain aligned text; it ends by itself once no run in the view is
+        # queued or running with a process here to run it, so the pipe does too
         try:
             while True:
-                reconcile(store, experiment, preset, recent=0)
                 header, rows = grid_rows(store, experiment, preset)
-                active, _ = store.status_runs(experiment, preset, recent=0)  # recent=0: the active runs only
+                active = live(store, experiment, preset)
                 widths = [max(len(r[i]) for r in [header, *rows] if i < len(r)) for i in range(len(header))]
                 console.print(f"{time.strftime('%Y-%m-%d %H:%M:%S')}  {len(active)} run(s) queued or running",
                               markup=False, highlight=False, soft_wrap=True)
@@ -265,7 +255,6 @@ def status(
         from rich.live import Live
 
         def render() -> Table:
-            reconcile(store, experiment, preset, recent=0)
             header, rows = grid_rows(store, experiment, preset)
             table = Table(title="attnres grid (Ctrl-C to leave)")
             for col in header:
@@ -275,15 +264,14 @@ def status(
             return table
 
         try:
-            with Live(render(), console=console, refresh_per_second=4) as live:
+            with Live(render(), console=console, refresh_per_second=4) as live_view:
                 while True:
                     time.sleep(interval)
-                    live.update(render())
+                    live_view.update(render())
         except KeyboardInterrupt:
             return
-    errors = reconcile(store, experiment, preset, None if all_ else RECENT)  # the one step of status that writes
-    gone = unrecorded(store)  # running, but its process is gone: an end the database did not take (read-only...)
-    rows, total = status_rows(store, experiment, preset, None if all_ else RECENT, gone)
+    found = shown(store, experiment, preset, None if all_ else RECENT)
+    rows = found.rows
     if not rows:
         console.print("no runs match the filter" if experiment or preset
                       else "no runs yet: start one with `attnres launch standard --seeds 42`")
@@ -298,11 +286,11 @@ def status(
         cells = [Text(str(v)) for v in row.values()]
         cells[at].stylize(colors.get(str(row["status"]).split()[0], "red"))
         table.add_row(*cells)
-    if len(rows) < total:
-        table.caption = (f"{len(rows)} of {total} runs: the active ones and the {RECENT} most recent "
+    if len(rows) < found.total:
+        table.caption = (f"{len(rows)} of {found.total} runs: the active ones and the {RECENT} most recent "
                          "(--all for every run)")
     console.print(table)
-    for line in [*gone_notes(rows, gone, errors), *why_notes(store, rows), *slot_waits(rows), *resume_note(rows)]:
+    for line in found.notes:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
@@ -335,7 +323,7 @@ def main() -> None:
 
 # each module registers its verbs on app; `attnres --help` lists them in this order
 for _verbs in ("scale_cmd", "documents", "whats_next", "study_cmd", "exchange", "upkeep", "bench_cmd"):
-    importlib.import_module(f"cli.{_verbs}")
+    importlib.import_module(f"attnres.cli.{_verbs}")
 
 if __name__ == "__main__":
     main()

@@ -9,8 +9,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from cli.app import console, err
-from cli.bars import RunBars
+from attnres.cli.app import console, err
+from attnres.cli.bars import RunBars
 
 if TYPE_CHECKING:
     from attnres.runs.backends import Submitted
@@ -89,7 +89,7 @@ def print_frame(df: object, title: str, floatfmt: str = "") -> None:
     assert isinstance(df, pd.DataFrame)
     align = ["right" if pd.api.types.is_numeric_dtype(df[col]) else "left" for col in df.columns]
     if "formats" in df.attrs:
-        from reports.numbers import as_text
+        from attnres.reports.numbers import as_text
 
         df = as_text(df)
     table = Table(title=title)

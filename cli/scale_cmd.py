@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
+from attnres.cli.app import DbOpt, SeedsOpt, app
 from attnres.runs import DEFAULT_BACKEND
-from cli.app import DbOpt, SeedsOpt, app
 
 
 def parse_sizes(values: list[str] | None) -> list[str] | None:
@@ -56,9 +56,9 @@ def scale(
 
     Every cell is an ordinary run (resumable, in `status`, mirrored); `attnres report --scaling` fits
     L(C) = E + A·C^(−α) per variant over them and gives each variant's compute-equivalent multiplier."""
+    from attnres.cli.main import start_runs
     from attnres.runs.ladder import TokenRule, parse_tokens
     from attnres.runs.ladder import parse_sizes as read_sizes
-    from cli.main import start_runs
 
     rule = TokenRule(parse_tokens(tokens), tokens_per_param)
     start_runs(variant, seeds, preset, experiment or f"{preset}-scale", None, set_, data, nproc, {}, detach, force,

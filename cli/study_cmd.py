@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.text import Text
 
+from attnres.cli.app import RUN_ID_MAX, BudgetOpt, CellOpt, DataOpt, DbOpt, ExperimentOpt, PresetOpt, app, console, err
+from attnres.cli.render import show_cell
 from attnres.errors import AttnresError
-from cli.app import RUN_ID_MAX, BudgetOpt, CellOpt, DataOpt, DbOpt, ExperimentOpt, PresetOpt, app, console, err
-from cli.render import show_cell
 
 if TYPE_CHECKING:
     from rich.status import Status
@@ -110,13 +110,13 @@ def study_cmd(
 
     store = RunStore(db, create=False)  # no database: one line at once, and none made
 
+    from attnres.reports import build_study, studies
+    from attnres.reports.plan import MAX_SEEDS
     from attnres.runs import study
     from attnres.runs.grid import parse_pick
     from attnres.runs.study_limits import Limits
     from attnres.runs.study_limits import deadline as when
     from attnres.variants.registry import canonical
-    from reports import build_study, studies
-    from reports.plan import MAX_SEEDS
 
     limits = Limits(max_runs, max_hours, when(deadline), max_stages)
     scope_given = [o for o, v in (("--only", only), ("--max-seeds", max_seeds), ("--baseline", baseline),
@@ -139,7 +139,7 @@ def study_cmd(
     if detach:
         from attnres import paths
 
-        pid = study.detach(store, record, [sys.executable, "-m", "cli.main", "study"])
+        pid = study.detach(store, record, [sys.executable, "-m", "attnres.cli.main", "study"])
         console.print(f"study {record.id} runs in the background (pid {pid}; output in {paths.study_log(record.id)}); "
                       f"follow it with `attnres status --watch`; `kill {pid}` stops it, `attnres study --resume "
                       f"{record.id}` continues it", markup=False, highlight=False, soft_wrap=True)

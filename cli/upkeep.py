@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from attnres.cli.app import RUN_ID_MAX, DbOpt, app, console, db_app, err
 from attnres.errors import AttnresError
-from cli.app import RUN_ID_MAX, DbOpt, app, console, db_app, err
 
 if TYPE_CHECKING:
     from attnres.tracking.run_store import RunStore
@@ -45,12 +45,16 @@ def sync(
     if run and not targets:
         raise AttnresError("--run selects the runs --mirror sends: give --mirror too")
     store = RunStore(db)
-    done = orchestrator.sync(store, spool)
+    done, changed = orchestrator.sync(store, spool)
     for path, got in done:
         extra = f", {got['runs']} run(s) recreated" if got["runs"] else ""
         extra += f", {got['skipped']} unreadable line(s) skipped" if got["skipped"] else ""
         console.print(f"{path}: {got['rows']:,} metric rows{extra}", markup=False, highlight=False, soft_wrap=True)
     console.print(f"synced {len(done)} spool file(s): {sum(g['rows'] for _, g in done):,} rows")
+    for rid in changed:  # what the reconciler recorded (what `attnres status` showed as not recorded yet)
+        r = store.run(rid)
+        why = f": {r.message.splitlines()[0][:200]}" if r.message else ""
+        console.print(f"run {rid} recorded {r.status}{why}", markup=False, highlight=False, soft_wrap=True)
     if targets:
         _sync_mirrors(store, targets, run)
 

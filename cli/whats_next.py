@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
+from attnres.cli.app import BudgetOpt, CellOpt, DataOpt, DbOpt, ExperimentOpt, PresetOpt, app, console
+from attnres.cli.render import show_cell, submit
 from attnres.runs import DEFAULT_BACKEND
-from cli.app import BudgetOpt, CellOpt, DataOpt, DbOpt, ExperimentOpt, PresetOpt, app, console
-from cli.render import show_cell, submit
 
 
 @app.command("next")
@@ -44,11 +44,11 @@ def next_cmd(
 
         backends.get(backend).check_detach(detach)
 
+    from attnres.reports import plan as plans
+    from attnres.reports.build import next_plan
     from attnres.runs import orchestrator, planning
     from attnres.runs.grid import parse_pick
     from attnres.variants.registry import canonical
-    from reports import plan as plans
-    from reports.build import next_plan
 
     kinds = plans.kinds(only)
     plan = next_plan(store, canonical(baseline), experiment, preset, budget, data, parse_pick(set_ or []),

@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from reports import comparisons, findings
-from reports import plan as plans
-from reports.evidence import BASELINE, TOP_TWO, Comparison
-from reports.scope import Choice, Scope, choose
-from reports.stats import ReportError
-from reports.tables import per_variant
-from reports.verdicts import cost_benefit
+from attnres.reports import comparisons, findings
+from attnres.reports import plan as plans
+from attnres.reports.evidence import BASELINE, TOP_TWO, Comparison
+from attnres.reports.scope import Choice, Scope, choose
+from attnres.reports.stats import ReportError
+from attnres.reports.tables import per_variant
+from attnres.reports.verdicts import cost_benefit
 
 
 @dataclass

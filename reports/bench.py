@@ -39,10 +39,10 @@ from statsmodels.stats.proportion import proportion_confint
 
 from attnres.bench.synthetic import synthetic_db
 from attnres.errors import AttnresError
+from attnres.reports.build import write_report
 from attnres.tracking.run_store import RunStore
 from attnres.variants import traits
 from attnres.variants.registry import VARIANTS
-from reports.build import write_report
 
 
 def bench_report(runs: int = 200, steps: int = 6000) -> dict[str, float]:
@@ -112,7 +112,7 @@ def _report(folder: Path, files: list[pd.DataFrame], processes: bool = False) ->
         paths.append(folder / f"stage-{i}.csv")
         frame.to_csv(paths[-1], index=False)
     if processes:
-        cli = [sys.executable, "-m", "cli.main"]
+        cli = [sys.executable, "-m", "attnres.cli.main"]
         for path in paths:
             subprocess.run([*cli, "import", str(path), "--db", str(db)], check=True, capture_output=True)
         subprocess.run([*cli, "report", "--out", str(folder / "r.md"), "--no-plots", "--db", str(db)], check=True,
@@ -158,7 +158,7 @@ def bench_errors(draws: int = 200, variants: int = 9, seeds: tuple[int, ...] = (
         elif d == "sequential":
             out |= {f"sequential_{k}": v for k, v in sequential(draws, progress=progress, processes=processes).items()}
         else:
-            from reports.bench_power import EFFECTS, power
+            from attnres.reports.bench_power import EFFECTS, power
 
             out |= {f"power_{k}": v for k, v in power(draws, effects or EFFECTS, progress=progress).items()}
     return out

@@ -28,10 +28,10 @@ import numpy as np
 import pandas as pd
 
 from attnres.errors import AttnresError
+from attnres.reports.bench import _arms, _rate, _report, _rows, resolved_against_baseline, verdicts
+from attnres.reports.build import next_plan
+from attnres.reports.plan import PILOT, PILOT_PURPOSE, RESOLVE
 from attnres.tracking.run_store import RunStore
-from reports.bench import _arms, _rate, _report, _rows, resolved_against_baseline, verdicts
-from reports.build import next_plan
-from reports.plan import PILOT, PILOT_PURPOSE, RESOLVE
 
 EFFECTS = (0.5, 0.67, 1.0, 1.33, 2.0)
 CAP = 1000  # seeds per arm a plan may ask for (`attnres next --max-seeds`' largest)

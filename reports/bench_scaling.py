@@ -37,8 +37,8 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from reports import scaling
-from reports.scaling_checks import check_fit
+from attnres.reports import scaling
+from attnres.reports.scaling_checks import check_fit
 
 KINDS = ("true law", "bending", "faint bending", "flat")
 COVERAGE = ("the ladder's sizes", "the largest size", "2 seeds a size", "3 seeds a size")  # where it is counted

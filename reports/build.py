@@ -18,6 +18,16 @@ import pandas as pd
 from attnres import outputs
 from attnres.config import ModelConfig, RunConfig
 from attnres.errors import AttnresError
+from attnres.reports import compare as cmp
+from attnres.reports import costs, studies
+from attnres.reports.analysis import Analysis
+from attnres.reports.document import Inputs, assemble, bands, report_parts
+from attnres.reports.plan import KINDS, MAX_SEEDS, Plan
+from attnres.reports.scaling import ladder_note
+from attnres.reports.scope import Scope, choose, holding, scopes_of, select, select_arms
+from attnres.reports.stats import ReportError
+from attnres.reports.tables import per_variant
+from attnres.reports.tuning import cells_as_arms, tune, tuning_markdown
 from attnres.runs import grid
 from attnres.runs.grid import arm_label, parse_arm
 from attnres.runs.planning import git_commit, reproduce
@@ -27,16 +37,6 @@ from attnres.tracking.states import EARLY
 from attnres.variants import traits
 from attnres.variants.describe import model_params
 from attnres.variants.registry import VARIANTS, canonical, default_settings, resolve_run
-from reports import compare as cmp
-from reports import costs, studies
-from reports.analysis import Analysis
-from reports.document import Inputs, assemble, bands, report_parts
-from reports.plan import KINDS, MAX_SEEDS, Plan
-from reports.scaling import ladder_note
-from reports.scope import Scope, choose, holding, scopes_of, select, select_arms
-from reports.stats import ReportError
-from reports.tables import per_variant
-from reports.tuning import cells_as_arms, tune, tuning_markdown
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -241,7 +241,7 @@ def next_plan(store: RunStore, baseline: str = "standard", experiment: str | Non
     """The What's Next plan of one scope (as its document gives it, for the parts ``kinds``): what ``attnres
     next`` prints and launches. (The analysis it is part of, which ``attnres study`` reads too, is made in
     :mod:`reports.build_study`, which builds on this module.)"""
-    from reports.build_study import next_analysis
+    from attnres.reports.build_study import next_analysis
 
     return next_analysis(store, baseline, experiment, preset, budget, data, pick, max_seeds, kinds)[1].plan
 
@@ -259,12 +259,13 @@ def figures_folder(out: Path) -> Path:
 def _figures(inp: Inputs, folder: Path, analysis: Analysis, link: Path) -> dict[str, str | None]:
     """Draw the document's figures into ``folder`` (``link`` from the document): {caption: link}; a figure with
     nothing to show is no file, and the sentence saying why, in its place: {sentence: None}."""
-    from reports.plots import delta_curves, depth_heatmaps, no_delta, no_throughput, throughput_vs_delta  # (pyplot)
+    from attnres.reports import plots  # (pyplot)
 
     figures: dict[str, str | None] = {}
     intervals = {v: c.ci for v, c in analysis.by_variant.items()}
-    if (fig := delta_curves(inp.runs, inp.evals, inp.baseline, deep=set(inp.deep), bands=bands(analysis))) is None:
-        figures[no_delta(inp.runs, inp.baseline)] = None
+    fig = plots.delta_curves(inp.runs, inp.evals, inp.baseline, deep=set(inp.deep), bands=bands(analysis))
+    if fig is None:
+        figures[plots.no_delta(inp.runs, inp.baseline)] = None
     else:
         _save(fig, folder / "delta_curves.png")
         figures["Δ eval loss vs the baseline over steps"] = (link / "delta_curves.png").as_posix()
@@ -277,15 +278,15 @@ def _figures(inp: Inputs, folder: Path, analysis: Analysis, link: Path) -> dict[
         sets = [costs.condition_sets(c) for c in inp.runs.set_index("id").loc[ids, "conditions_json"]]
         # throughputs recorded under different conditions measure the machine: no figure sets them side by side
         if inp.baseline in set(table["variant"]) and costs.speed_alike(sets, [], costs.fields_for(sets)[0]):
-            if (fig := throughput_vs_delta(table, inp.baseline, intervals)) is None:
-                figures[no_throughput(inp.baseline, choice.step)] = None
+            if (fig := plots.throughput_vs_delta(table, inp.baseline, intervals)) is None:
+                figures[plots.no_throughput(inp.baseline, choice.step)] = None
             else:
                 _save(fig, png := folder / "throughput_vs_delta.png")
                 figures[f"Throughput vs eval-loss Δ at step {choice.step:,}"] = (link / png.name).as_posix()
     if not inp.maps.empty:
         named = inp.maps.merge(inp.runs[["id", "variant"]], left_on="run_id", right_on="id")
         last = {v: g[g["step"] == g["step"].max()] for v, g in sorted(named.groupby("variant"), key=lambda kv: kv[0])}
-        _save(depth_heatmaps(last), folder / "depth_maps.png")
+        _save(plots.depth_heatmaps(last), folder / "depth_maps.png")
         figures["Depth-attention maps (last eval)"] = (link / "depth_maps.png").as_posix()
     return figures
 
@@ -363,7 +364,7 @@ def compare(store: RunStore, variants: list[str], step: int | None = None, plot:
         raise AttnresError(f"cannot compare: {exc}{where}") from None
     if plot is not None:
         levels = stats.attrs["levels"]
-        from reports.plots import delta_curves
+        from attnres.reports.plots import delta_curves
 
         _save(delta_curves(res.runs, res.evals, labels[0], labels, bands={v: (None, levels[v]) for v in labels}),
               plot)
@@ -372,7 +373,7 @@ def compare(store: RunStore, variants: list[str], step: int | None = None, plot:
 
 def inspect(store: RunStore, run_id: int, out: Path, step: int | None = None) -> tuple[int, str]:
     """Draw one run's depth-attention map (at ``step``, default its last) to ``out``; returns (step, summary)."""
-    from reports.depth_maps import matrix, summary
+    from attnres.reports.depth_maps import matrix, summary
 
     outputs.check(out, example="depth_map.png")
     runs = store.run_table()
@@ -389,7 +390,7 @@ def inspect(store: RunStore, run_id: int, out: Path, step: int | None = None) ->
     at = have[-1] if step is None else step
     weights = store.depth_maps([run_id], at)
     ended = f", {run['status']}" if run["status"] in EARLY else ""
-    from reports.plots import depth_heatmaps
+    from attnres.reports.plots import depth_heatmaps
 
     _save(depth_heatmaps({f"run {run_id}: {run['variant']} s{run['seed']}, step {at:,}{ended}": weights}), out)
     return at, summary(matrix(weights))

@@ -18,12 +18,12 @@ from attnres import outputs
 from attnres.config import RunConfig
 from attnres.errors import AttnresError
 from attnres.model.flops import tokens_per_step, training_flops
+from attnres.reports import scaling, scaling_doc
+from attnres.reports.build import _save, figures_folder, provenance
 from attnres.tracking import states
 from attnres.tracking.run_store import RunStore
 from attnres.variants.describe import model_params
 from attnres.variants.registry import superseded_runs
-from reports import scaling, scaling_doc
-from reports.build import _save, figures_folder, provenance
 
 
 def _from_config(runs: pd.DataFrame) -> dict[int, dict[str, float]]:

@@ -13,14 +13,14 @@ from collections.abc import Callable, Mapping
 import pandas as pd
 
 from attnres.errors import AttnresError
+from attnres.reports import studies
+from attnres.reports.analysis import Analysis, analyse
+from attnres.reports.build import _scoped, db_args, launch_plans
+from attnres.reports.plan import KINDS, MAX_SEEDS
+from attnres.reports.stats import ReportError
 from attnres.runs.study import Outlook
 from attnres.tracking.run_store import RunStore
 from attnres.variants import traits
-from reports import studies
-from reports.analysis import Analysis, analyse
-from reports.build import _scoped, db_args, launch_plans
-from reports.plan import KINDS, MAX_SEEDS
-from reports.stats import ReportError
 
 
 def next_analysis(store: RunStore, baseline: str = "standard", experiment: str | None = None,

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 
 from attnres.config import flatten
-from reports import costs, identity
-from reports.escape import cell_text, markdown_table
-from reports.numbers import (
+from attnres.reports import costs, identity
+from attnres.reports.escape import cell_text, markdown_table
+from attnres.reports.numbers import (
     DELTA,
     SPREAD,
     STAT,
@@ -27,7 +27,7 @@ from reports.numbers import (
     text,
     throughput_text,
 )
-from reports.stats import (
+from attnres.reports.stats import (
     ALPHA,
     PAIRED,
     WELCH,

@@ -16,13 +16,23 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from attnres.reports import identity
+from attnres.reports.evidence import (
+    BASELINE,
+    CONTRAST,
+    TOP_TWO,
+    Comparison,
+    assess,
+    control,
+    going,
+    pooled_sd,
+    stage_of,
+)
+from attnres.reports.scope import choose
+from attnres.reports.stats import ReportError, finite
+from attnres.reports.tables import per_variant
 from attnres.tracking.states import EARLY
 from attnres.variants import traits
-from reports import identity
-from reports.evidence import BASELINE, CONTRAST, TOP_TWO, Comparison, assess, control, going, pooled_sd, stage_of
-from reports.scope import choose
-from reports.stats import ReportError, finite
-from reports.tables import per_variant
 
 
 @dataclass

@@ -13,16 +13,16 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from attnres.reports import depth_maps, evidence, findings
+from attnres.reports import plan as whats_next
+from attnres.reports.analysis import Analysis, analyse
+from attnres.reports.escape import cell_text, markdown_table
+from attnres.reports.evidence import Comparison
+from attnres.reports.scope import Choice, Scope
+from attnres.reports.stats import MARKS, PAIRED, STARS_RULE, ReportError
+from attnres.reports.tables import baseline_row, cause, completed, ended_step, family, multi_seed
+from attnres.reports.verdicts import RULE
 from attnres.tracking.states import ACTIVE, EARLY, FINISHED
-from reports import depth_maps, evidence, findings
-from reports import plan as whats_next
-from reports.analysis import Analysis, analyse
-from reports.escape import cell_text, markdown_table
-from reports.evidence import Comparison
-from reports.scope import Choice, Scope
-from reports.stats import MARKS, PAIRED, STARS_RULE, ReportError
-from reports.tables import baseline_row, cause, completed, ended_step, family, multi_seed
-from reports.verdicts import RULE
 
 
 @dataclass

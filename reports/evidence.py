@@ -34,8 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from attnres.tracking.states import ACTIVE, PREEMPTED
-from reports.stats import (
+from attnres.reports.stats import (
     ALPHA,
     PAIRED,
     WELCH,
@@ -49,8 +48,9 @@ from reports.stats import (
     shown,
     test_p,
 )
-from reports.stats import need_text as _need_text
-from reports.tables import num
+from attnres.reports.stats import need_text as _need_text
+from attnres.reports.tables import num
+from attnres.tracking.states import ACTIVE, PREEMPTED
 
 PRIMARY, SECONDARY = "primary", "secondary"
 BASELINE, TOP_TWO, CONTRAST = "vs baseline", "top two", "contrast"

@@ -14,11 +14,9 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from attnres.tracking.states import EARLY
-from attnres.variants import traits
-from reports import identity
-from reports.escape import cell_text
-from reports.evidence import (
+from attnres.reports import identity
+from attnres.reports.escape import cell_text
+from attnres.reports.evidence import (
     BASELINE,
     CONTRADICTED,
     CONTRAST,
@@ -32,9 +30,11 @@ from reports.evidence import (
     evidence_class,
     evidence_text,
 )
-from reports.stats import shown
-from reports.tables import cause, ended_step
-from reports.verdicts import MEMORY, SPEED
+from attnres.reports.stats import shown
+from attnres.reports.tables import cause, ended_step
+from attnres.reports.verdicts import MEMORY, SPEED
+from attnres.tracking.states import EARLY
+from attnres.variants import traits
 
 
 @dataclass

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from reports.stats import shown
+from attnres.reports.stats import shown
 
 MISSING = "—"
 LOSS = ".3f"  # a loss, a mean of losses, the std beside it (±), a bound of its interval

@@ -24,15 +24,15 @@ import pandas as pd
 
 from attnres.config import get_preset
 from attnres.errors import AttnresError
+from attnres.reports.escape import cell_text
+from attnres.reports.evidence import BASELINE, CONTRAST, TOP_TWO, Comparison, evidence_text
+from attnres.reports.pairs import plan_seeds, seed_order, seeds_text
+from attnres.reports.scope import DEFAULT_DATA, Scope
+from attnres.reports.stats import shown
+from attnres.reports.tables import cause, ended_step
 from attnres.runs import DEFAULT_BACKEND, grid, planning
 from attnres.tracking.states import ACTIVE, DIVERGED, FAILED, FINISHED, PREEMPTED, RUNNING
 from attnres.variants.registry import VARIANTS, resolve_run
-from reports.escape import cell_text
-from reports.evidence import BASELINE, CONTRAST, TOP_TWO, Comparison, evidence_text
-from reports.pairs import plan_seeds, seed_order, seeds_text
-from reports.scope import DEFAULT_DATA, Scope
-from reports.stats import shown
-from reports.tables import cause, ended_step
 
 RESOLVE, RUNNING_ITEM, NEW, RETRY = "resolve", "running", "new", "retry"
 KINDS = (RESOLVE, NEW, RETRY)  # what --launch can start

@@ -18,11 +18,11 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from attnres.reports.depth_maps import matrix, site_name
+from attnres.reports.numbers import throughput_unit
+from attnres.reports.stats import design, finite, intervals, level_text, shown
 from attnres.tracking.states import EARLY
 from attnres.variants.registry import VARIANTS
-from reports.depth_maps import matrix, site_name
-from reports.numbers import throughput_unit
-from reports.stats import design, finite, intervals, level_text, shown
 
 # distinct colours, one per registered variant: tab10's, then the dark ones of tab20b
 _PALETTE = list(plt.get_cmap("tab10").colors) + list(plt.get_cmap("tab20b").colors)[0::4] + \

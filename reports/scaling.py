@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from reports import numbers
+from attnres.reports import numbers
 
 MIN_SIZES = 4  # three parameters, and one degree of freedom to judge them by
 BOOTSTRAP = 400  # replicates: percentile intervals at 95% move by well under their width between draws
@@ -310,7 +310,7 @@ def ladder_table(runs: pd.DataFrame) -> pd.DataFrame:
 def figure(runs: pd.DataFrame, found: dict[str, Fit]) -> object:
     """Loss against compute on log axes: each run a point, each fitted law a line, dashed past the ladder's largest
     compute (to 10× it): an extrapolation."""
-    from reports.plots import plt  # (with its headless backend)
+    from attnres.reports.plots import plt  # (with its headless backend)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     lo, top = float(runs["compute"].min()), float(runs["compute"].max())

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from reports.scaling import BUDGET, Fit
+from attnres.reports.scaling import BUDGET, Fit
 
 #: each check's false-alarm rate on a curve the law describes: a comparison reads two curves, so one in about 20
 #: comparisons of true laws is withheld (at 5% a curve it was one in 10; `attnres bench scaling` measures both)

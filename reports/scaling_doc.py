@@ -13,9 +13,9 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from reports import numbers
-from reports.scaling import BOOTSTRAP, EXTRAPOLATE, MIN_SIZES, Fit, fit_table, fits, ladder_table, multiplier
-from reports.scaling_checks import (
+from attnres.reports import numbers
+from attnres.reports.scaling import BOOTSTRAP, EXTRAPOLATE, MIN_SIZES, Fit, fit_table, fits, ladder_table, multiplier
+from attnres.reports.scaling_checks import (
     CHINCHILLA,
     FRONTIER_SHARE,
     LEVEL,

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
+from attnres.reports.stats import ReportError, finite
 from attnres.runs import grid
 from attnres.tracking.states import EARLY, FINISHED
-from reports.stats import ReportError, finite
 
 DEFAULT_DATA = "builtin"  # a run's dataset when none was named (not spelled out in labels)
 KEYS = ["experiment", "preset", "budget", "dataset", "cell"]  # a scope's columns, as _keyed adds them

@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from attnres.reports.power import ALPHA, UPPER, pairs_needed, sd_upper, seeds_needed
 from attnres.tracking.states import DIVERGED, EARLY, FAILED, INCOMPLETE, KILLED, STOPPED
-from reports.power import ALPHA, UPPER, pairs_needed, sd_upper, seeds_needed
 
 MARKS = {DIVERGED: "diverged", STOPPED: "stopped early", FAILED: "failed", KILLED: "killed",
          INCOMPLETE: "incomplete (logged steps missing from the database)"}

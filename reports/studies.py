@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from attnres.errors import AttnresError
+from attnres.reports import plan as plans
+from attnres.reports.analysis import Analysis
+from attnres.reports.escape import cell_text
+from attnres.reports.evidence import BASELINE, TOP_TWO
 from attnres.runs import grid
 from attnres.tracking.states import ACTIVE
 from attnres.tracking.studies import ENDED, INTERRUPTED
-from reports import plan as plans
-from reports.analysis import Analysis
-from reports.escape import cell_text
-from reports.evidence import BASELINE, TOP_TWO
 
 if TYPE_CHECKING:
     from attnres.runs.study import Outlook

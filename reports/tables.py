@@ -11,9 +11,9 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from reports import identity
-from reports.numbers import DELTA, LOSS, SPREAD, TOKS, TOKS_NOTE, num, throughput_text
-from reports.stats import ReportError, eval_at, mean_ci, shown, versus
+from attnres.reports import identity
+from attnres.reports.numbers import DELTA, LOSS, SPREAD, TOKS, TOKS_NOTE, num, throughput_text
+from attnres.reports.stats import ReportError, eval_at, mean_ci, shown, versus
 
 
 def _fmt_seeds(seeds: list[int]) -> str:

@@ -14,10 +14,10 @@ import math
 
 import pandas as pd
 
+from attnres.reports.escape import markdown_table
+from attnres.reports.stats import ReportError, finite
 from attnres.runs import grid
 from attnres.tracking.states import EARLY, FINISHED
-from reports.escape import markdown_table
-from reports.stats import ReportError, finite
 
 
 def _step(evals: pd.DataFrame, runs: pd.DataFrame) -> int | None:

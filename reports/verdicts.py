@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import pandas as pd
 
+from attnres.reports import costs
+from attnres.reports.evidence import Comparison, backs_lower, evidence_text
+from attnres.reports.stats import shown, stars
+from attnres.reports.tables import baseline_row
 from attnres.variants.registry import VARIANTS
 from attnres.variants.traits import mechanisms
-from reports import costs
-from reports.evidence import Comparison, backs_lower, evidence_text
-from reports.stats import shown, stars
-from reports.tables import baseline_row
 
 SPEED, MEMORY = "Speed (tok/s vs baseline)", "Memory (vs baseline)"  # one sign: change vs the baseline
 SOLID = 0.020  # eval loss: ★★★ on the stars' scale

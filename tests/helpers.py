@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "attnres.cli.main"]  # the real command, as its own process
 
 # Small, fast runs of the GPT-2 vocabulary (a user's default path): a narrow model, few tokens per step.
 FAST_GPT2 = ["--set", "batch_size=4", "--set", "eval_batches=2", "--set", "eval_every=10",
@@ -87,9 +88,9 @@ def cli_here(*args: object, check: bool = False, timeout: float = 600,
         faulthandler.dump_traceback_later(timeout, exit=True, file=sys.__stderr__)
         leaving.callback(faulthandler.cancel_dump_traceback_later)
         settings.setenv("COLUMNS", str(columns))  # (before the first import of the CLI: its consoles read it then)
-        from cli.app import console
-        from cli.app import err as err_console
-        from cli.main import main
+        from attnres.cli.app import console
+        from attnres.cli.app import err as err_console
+        from attnres.cli.main import main
 
         for c in (console, err_console):  # as the real command writes to a pipe: its columns, no colour codes
             settings.setattr(c, "_width", columns)
@@ -141,7 +142,7 @@ def in_process(args: Iterable[object], capsys: pytest.CaptureFixture,
 
 def attnres(*args: str, check: bool = False, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess, as a user would (a test calling it is marked ``integration``)."""
-    proc = subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True,
+    proc = subprocess.run([*CLI, *args], capture_output=True, text=True,
                           timeout=timeout, env=os.environ | {"COLUMNS": "200"}, cwd=os.getcwd())
     return _checked(proc, args, check)
 

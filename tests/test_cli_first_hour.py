@@ -70,9 +70,9 @@ def test_a_duration_never_reads_as_a_clock_time(seconds, text):
 
 def test_a_running_cell_shows_its_eta_as_a_duration():
     now = datetime(2025, 1, 1, 12, 0, 0)
-    run = pd.Series({"status": "running", "step": 50, "total_steps": 200, "started_at": now - timedelta(seconds=82),
-                     "stop_step": None})
-    assert _cell(run, now) == "running 50/200 ETA 4m06s"
+    run = pd.Series({"id": 1, "status": "running", "step": 50, "total_steps": 200,
+                     "started_at": now - timedelta(seconds=82), "stop_step": None})
+    assert _cell(run, now, {}) == "running 50/200 ETA 4m06s"
 
 
 @pytest.mark.integration

@@ -11,7 +11,7 @@ from helpers import arms_csv, cli_here, in_process
 from seed_scenario import FINAL
 from seed_scenario import rows as seed_rows
 
-from reports import numbers
+from attnres.reports import numbers
 
 NAN = re.compile(r"\bnan\b", re.IGNORECASE)
 

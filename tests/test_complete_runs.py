@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
-from helpers import FAST, INLINE, LONG, cli_here, runs, train_steps, wait_for
+from helpers import CLI, FAST, INLINE, LONG, cli_here, runs, train_steps, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -17,7 +16,7 @@ TRIALS = int(os.environ.get("ATTNRES_TEST_TRIALS", "4"))
 
 
 def cli(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "cli.main", *args], stdout=subprocess.PIPE,
+    return subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -57,9 +56,11 @@ def test_a_finished_run_missing_rows_is_incomplete_until_resume_retrains_them(wo
     with sqlite3.connect(db) as conn:  # rows lost as a lost spool with its trainer loses them
         conn.execute("delete from metrics where run_id = 1 and step between 13 and 17 and key_id = "
                      "(select id from metric_keys where name = 'train_loss')")
-    shown = cli_here("status", check=True).stdout
-    assert "incomplete" in shown and runs(workdir)[0]["status"] == "incomplete"
-    assert "train_loss steps 14-16" in runs(workdir)[0]["message"]
+    shown = cli_here("status", check=True).stdout  # it only reads: the holes shown, the run as recorded
+    assert "rows missing" in shown and "run 1 is recorded finished, but the database lacks train_loss steps 14-16" \
+        in shown and runs(workdir)[0]["status"] == "finished"
+    assert "run 1 recorded incomplete" in cli_here("sync", check=True).stdout
+    assert runs(workdir)[0]["status"] == "incomplete" and "train_loss steps 14-16" in runs(workdir)[0]["message"]
     report = cli_here("report", "--out", "r.md", "--no-plots")
     assert report.returncode in (0, 2)  # its curve is not used as complete: marked, or nothing to compare
     out = cli_here("resume", "1", check=True).stdout

@@ -18,16 +18,16 @@ from seed_scenario import rows as seed_rows
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 
+from attnres.reports import comparisons, evidence
+from attnres.reports.bench import evidence_rows, verdicts
+from attnres.reports.build import write_report
+from attnres.reports.power import pairs_needed, seeds_needed, t_power
+from attnres.reports.stats import seed_plan
+from attnres.reports.tables import per_variant
 from attnres.tracking import launches, states
 from attnres.tracking.run_store import RunStore
 from attnres.variants import traits
 from attnres.variants.registry import VARIANTS, resolve_run
-from reports import comparisons, evidence
-from reports.bench import evidence_rows, verdicts
-from reports.build import write_report
-from reports.power import pairs_needed, seeds_needed, t_power
-from reports.stats import seed_plan
-from reports.tables import per_variant
 
 NINE = [v for v in VARIANTS if v != "standard" and VARIANTS[v].depth_mult == 1][:9]
 
@@ -439,7 +439,7 @@ def test_traits_isolate_mechanisms():
 
 
 def test_bench_errors_counts_what_the_written_report_says():
-    from reports.bench import bench_errors
+    from attnres.reports.bench import bench_errors
 
     got = bench_errors(draws=2, variants=2, seeds=(2,), designs=("family-wise", "sequential"))
     assert got["family_wise_2_seeds_draws"] == got["sequential_draws"] == 2

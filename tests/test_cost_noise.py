@@ -13,11 +13,11 @@ import pytest
 from helpers import FAST, attnres, cli_here, in_process
 from scipy import stats
 
+from attnres.reports import compare, costs
+from attnres.reports.tables import per_variant
+from attnres.reports.verdicts import SPEED, cost_benefit
 from attnres.tracking import speed
 from attnres.training.recorder import LoadSampler
-from reports import compare, costs
-from reports.tables import per_variant
-from reports.verdicts import SPEED, cost_benefit
 
 CPU = {"device": "cpu: Xeon", "world_size": 1, "threads": 2, "compile": False, "dtype": "float32",
        "process": "forked"}

@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 from helpers import FAST, INLINE, cli_here
 
+from attnres.reports import costs
+from attnres.reports.tables import per_variant
+from attnres.reports.verdicts import MEMORY, SPEED, cost_benefit
 from attnres.runs.backends.devices import threads_per_process
 from attnres.tracking import speed
-from reports import costs
-from reports.tables import per_variant
-from reports.verdicts import MEMORY, SPEED, cost_benefit
 
 RUN = [*FAST, "--steps", "10", "--preset", "tiny"]
 SETS = [FAST[i + 1] for i in range(len(FAST)) if FAST[i] == "--set"]
@@ -161,7 +161,7 @@ def test_like_with_like_rules():
 def test_stars_and_labels_follow_the_printed_delta(workdir):
     """On an imported synthetic grid with Δs at the edges of the scale, every star count and label in the
     written document is the rule applied to the Δ as printed (three decimals)."""
-    from reports.stats import stars
+    from attnres.reports.stats import stars
 
     rng = np.random.default_rng(7)
     base = {s: 3.0 + float(rng.normal(0, 0.002)) for s in (1, 2, 3)}

@@ -124,7 +124,7 @@ def test_a_deep_shape_with_no_width_to_narrow_is_one_line(workdir):
 def test_the_baseline_keeps_its_name_when_another_arm_trained_its_model():
     import pandas as pd
 
-    from reports.identity import same_models
+    from attnres.reports.identity import same_models
 
     config = resolve_run("standard", "tiny", 1).to_json()
     runs = pd.DataFrame({"variant": ["standard", "deep_baseline"], "config_json": [config, config]})

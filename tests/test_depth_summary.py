@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from reports import depth_maps
+from attnres.reports import depth_maps
 
 
 def cell_by_cell(m: pd.DataFrame, top: int = 3) -> list[tuple[int, str, float]]:

@@ -11,12 +11,11 @@ import errno
 import os
 import resource
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
-from helpers import BYTES, attnres, issue_run, queue_pid, runs, wait_for
+from helpers import BYTES, CLI, attnres, issue_run, queue_pid, runs, wait_for
 
 from attnres.runs.backends.local import process_alive
 from attnres.tracking import spool, states, store
@@ -197,7 +196,7 @@ def test_a_file_size_limit_ends_in_an_honest_state_and_message(workdir):
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     # 1,500 steps, every one logged: the spool alone passes 300 kB
-    proc = subprocess.run([sys.executable, "-m", "cli.main", "launch", "standard", "--seeds", "1", *issue_run(1500),
+    proc = subprocess.run([*CLI, "launch", "standard", "--seeds", "1", *issue_run(1500),
                            *BYTES], capture_output=True, text=True, timeout=600, preexec_fn=limited,
                           env=os.environ | {"COLUMNS": "200"})
     log = (workdir / "logs" / "run-1.log").read_text(errors="replace")

@@ -17,6 +17,7 @@ import time
 import pytest
 from helpers import (
     BYTES,
+    CLI,
     ISSUE_MID,
     ISSUE_ROWS,
     ISSUE_RUN,
@@ -212,7 +213,7 @@ def test_restart_sets_a_killed_runs_checkpoints_aside_and_starts_it_over(workdir
 def test_ctrl_c_on_a_foreground_grid_preempts_it_and_a_relaunch_continues_it(workdir):
     args = ["launch", "standard", "--seeds", "1", "2", *ISSUE_RUN, "--set", f"checkpoint_every={ISSUE_MID}"]
     # as from a terminal: SIGINT handled even when the suite itself runs as a background job (which ignores it)
-    cli = subprocess.Popen([sys.executable, "-m", "cli.main", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    cli = subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, env=os.environ | {"COLUMNS": "200"},
                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     first = at_step(workdir, ISSUE_MID + 2)

@@ -14,16 +14,16 @@ import pytest
 from helpers import arms_csv, in_process
 from scipy import stats
 
+from attnres.reports import document, plots
+from attnres.reports.build import compare
+from attnres.reports.document import Inputs
+from attnres.reports.evidence import family_alpha
+from attnres.reports.scope import select
+from attnres.reports.stats import decision_confidence, design, interval
 from attnres.runs import planning
 from attnres.tracking import states
 from attnres.tracking.run_store import RunStore
 from attnres.variants.registry import VARIANTS, resolve_run
-from reports import document, plots
-from reports.build import compare
-from reports.document import Inputs
-from reports.evidence import family_alpha
-from reports.scope import select
-from reports.stats import decision_confidence, design, interval
 
 STEPS = [0, 25, 50, 75, 100]
 
@@ -251,7 +251,7 @@ def test_a_report_of_one_swept_variant_points_to_comparing_its_cells(workdir, ca
 def _band_one_step_at_a_time(runs, evals, variant, baseline, confidence=0.95, run_ids=None):
     """The Δ band as it was computed before it was vectorised (one scipy test per step), kept as the reference
     the vectorised one must equal."""
-    from reports.stats import finite
+    from attnres.reports.stats import finite
 
     keep = runs if run_ids is None else runs[runs["id"].isin(list(run_ids))]
     keep = keep[keep["variant"].isin([variant, baseline])].sort_values("id")

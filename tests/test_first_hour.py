@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from helpers import (
+    CLI,
     FAST,
     INLINE,
     LONG,
@@ -57,7 +58,7 @@ def test_a_queued_run_says_what_it_waits_for_and_takes_over_a_dead_holders_slot(
     assert slot["run"] == 1 and slot["pid"] == holder_queue and str(other) in slot["db"]
 
     lines: list[str] = []
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "launch", "standard", "--seeds", "2", "--steps", "6",
+    proc = subprocess.Popen([*CLI, "launch", "standard", "--seeds", "2", "--steps", "6",
                              *FAST], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=os.environ | {"COLUMNS": "200"})
     try:

@@ -10,10 +10,10 @@ import pytest
 from helpers import FAST, INLINE, cli_here, in_process, runs
 
 from attnres.errors import AttnresError
+from attnres.reports.tuning import tune
 from attnres.runs import grid, planning
 from attnres.runs.status import grid_rows
 from attnres.tracking.run_store import RunStore
-from reports.tuning import tune
 
 # -- expansion and naming (in process) ---------------------------------------------------------------
 

@@ -16,10 +16,10 @@ import pandas as pd
 import pytest
 from helpers import in_process, sha
 
+from attnres.reports.escape import cell_text
 from attnres.tracking import imports, states, store
 from attnres.tracking.db import get_engine
 from attnres.tracking.transfer import import_file
-from reports.escape import cell_text
 
 HEADER = "variant,seed,step,key,value,experiment"
 TWO_EXPERIMENTS = f"""{HEADER}

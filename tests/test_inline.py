@@ -7,10 +7,9 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 import pytest
-from helpers import FAST, LONG, cli_here, curve, runs, train_steps, wait_for
+from helpers import CLI, FAST, LONG, cli_here, curve, runs, train_steps, wait_for
 
 from attnres.runs.torchrun import cuda_build
 
@@ -52,7 +51,7 @@ def test_an_inline_run_records_the_curves_and_conditions_of_the_same_run_under_t
 
 def test_kill_and_ctrl_c_stop_inline_runs_with_a_checkpoint_and_the_process_goes_on(workdir, monkeypatch):
     monkeypatch.setenv("ATTNRES_KILL_GRACE", "120")  # (a loaded machine: the kill waits for the checkpoint)
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "launch", "standard", "--seeds", "1", "2", "3",
+    proc = subprocess.Popen([*CLI, "launch", "standard", "--seeds", "1", "2", "3",
                              *FAST, "--steps", LONG, *INLINE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=os.environ | {"COLUMNS": "200"},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))

@@ -16,13 +16,13 @@ from helpers import cli_here
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
+from attnres.reports import comparisons, evidence
+from attnres.reports.bench import evidence_rows, resolved_against_baseline, verdicts
+from attnres.reports.tables import per_variant
+from attnres.reports.verdicts import TENTATIVE
 from attnres.tracking import states
 from attnres.tracking.run_store import RunStore
 from attnres.variants.registry import resolve_run
-from reports import comparisons, evidence
-from reports.bench import evidence_rows, resolved_against_baseline, verdicts
-from reports.tables import per_variant
-from reports.verdicts import TENTATIVE
 
 LABELS = ("Best quality/cost ratio", "Best quality", "Solid", "Modest", "Not worth it", "Worse")
 _count = itertools.count()
@@ -261,7 +261,7 @@ def test_null_family_worlds_are_mostly_inconclusive():
     """The bench's null design (`attnres bench errors`): a baseline and nine variants from one distribution, 3
     seeds each. Over the comparisons that are not chosen by rank (against the baseline, the contrasts), the share
     called suggestive stays near LEAN; the data lean neither way in the rest."""
-    from reports.bench import _arms
+    from attnres.reports.bench import _arms
 
     base, names = _arms()
     rng = np.random.default_rng(7)

@@ -94,3 +94,38 @@ def test_states_change_through_the_lifecycle_and_spools_are_read_through_recover
     assert not offenders, offenders
     source = (ROOT / "attnres/tracking/states.py").read_text()
     assert "on_end" not in source and "lifecycle" not in source.split('"""', 2)[2]
+
+
+def test_an_end_starts_its_on_end_command_from_one_place():
+    """`--on-end` starts in :func:`lifecycle.ended`, called by :func:`lifecycle.move` alone (a spool's replay records
+    its changes through move): one rule of what an end is, in one place."""
+    calls = []
+    for path in sorted([*(ROOT / "attnres").rglob("*.py"), *(ROOT / "cli").rglob("*.py")]):
+        tree = ast.parse(path.read_text())
+        rel = path.relative_to(ROOT).as_posix()
+        for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
+            for call in [n for n in ast.walk(fn) if isinstance(n, ast.Call)]:
+                name = getattr(call.func, "attr", getattr(call.func, "id", None))
+                if name in ("run_ended", "ended"):
+                    calls.append((rel, fn.name, name))
+    assert sorted(calls) == [("attnres/tracking/lifecycle.py", "ended", "run_ended"),
+                             ("attnres/tracking/lifecycle.py", "move", "ended")], calls
+    assert "ENDED" not in (ROOT / "attnres/tracking/spool.py").read_text()
+
+
+def test_read_verbs_call_no_writer():
+    """What `status` and the documents show is derived: neither they nor the modules that build them call the
+    reconciler, a sync, a completeness write or a state change (test_read_only checks the database itself)."""
+    writes = {"reconcile", "sync", "recheck", "check_complete", "move", "transition", "recover", "summarize"}
+    read_modules = [ROOT / "attnres/runs/status.py", ROOT / "cli/documents.py", ROOT / "cli/exchange.py",
+                    *(ROOT / "reports").rglob("*.py")]
+    found = []
+    for path in read_modules:
+        tree = ast.parse(path.read_text())
+        found += [f"{path.relative_to(ROOT)}:{n.lineno} {n.func.attr}" for n in ast.walk(tree)
+                  if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in writes]
+    main = ast.parse((ROOT / "cli/main.py").read_text())
+    for fn in [n for n in main.body if isinstance(n, ast.FunctionDef) and n.name in ("status", "logs")]:
+        found += [f"cli/main.py:{n.lineno} {getattr(n.func, 'attr', getattr(n.func, 'id', ''))}" for n in ast.walk(fn)
+                  if isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", None)) in writes]
+    assert not found, found

@@ -18,12 +18,12 @@ import pytest
 from helpers import arms_csv, cli_here
 from scipy import stats
 
+from attnres.reports import pairs
+from attnres.reports.bench import evidence_rows
+from attnres.reports.build import next_plan, write_report
+from attnres.reports.evidence import METHOD
+from attnres.reports.plan import KINDS, NEW, RESOLVE, Plan
 from attnres.tracking.run_store import RunStore
-from reports import pairs
-from reports.bench import evidence_rows
-from reports.build import next_plan, write_report
-from reports.evidence import METHOD
-from reports.plan import KINDS, NEW, RESOLVE, Plan
 
 BASE = {42: 3.000, 1337: 3.020, 7: 2.990}
 # block_hybrid_memory: far ahead, paired on standard's seeds; control_block: a small step ahead, with some spread
@@ -193,6 +193,6 @@ def test_a_spread_from_two_seeds_widens_the_pilot_before_promising_power(workdir
 
 def plan_comparisons(store: RunStore) -> list:
     """The comparisons of the store's document (the report's own analysis, resolve part only)."""
-    from reports.build_study import next_analysis
+    from attnres.reports.build_study import next_analysis
 
     return next_analysis(store, "standard", kinds=(RESOLVE,))[1].tests

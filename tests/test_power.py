@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from reports import evidence
+from attnres.reports import evidence
 
 
 def _two_stages(rng: np.random.Generator, d: float, cap: int = 1000) -> str:
@@ -61,7 +61,7 @@ def test_holm_gives_statsmodels_figures(monkeypatch):
     # multipletests calls gc.collect() each time: in a test worker's large heap, 600 calls took 436 s in CI.
     monkeypatch.setattr(gc, "collect", lambda *a, **k: 0)
 
-    from reports.stats import holm
+    from attnres.reports.stats import holm
 
     rng = np.random.default_rng(5)
     cases = [rng.uniform(0, 0.2, int(n)) for n in rng.integers(1, 12, 200)]

@@ -9,7 +9,7 @@ from pathlib import Path
 from helpers import in_process
 from seed_scenario import rows as seed_rows
 
-import reports
+from attnres import reports
 
 
 def links(document: Path) -> list[str]:

@@ -16,18 +16,18 @@ from seed_scenario import rows as seed_rows
 from statsmodels.stats.multitest import multipletests
 
 from attnres.errors import AttnresError
+from attnres.reports import comparisons, evidence, plots
+from attnres.reports.build import write_report
+from attnres.reports.document import Inputs, build_report
+from attnres.reports.power import seeds_needed
+from attnres.reports.scope import select
+from attnres.reports.stats import ReportError, stars
+from attnres.reports.tables import per_variant
+from attnres.reports.verdicts import cost_benefit
 from attnres.tracking import states
 from attnres.tracking.db import HEAD, public_url
 from attnres.tracking.run_store import RunStore
 from attnres.variants.registry import VARIANTS, resolve_run
-from reports import comparisons, evidence, plots
-from reports.build import write_report
-from reports.document import Inputs, build_report
-from reports.power import seeds_needed
-from reports.scope import select
-from reports.stats import ReportError, stars
-from reports.tables import per_variant
-from reports.verdicts import cost_benefit
 
 
 def add_run(store, variant, seed, evals: dict[int, float], *, budget=100, status="finished", step=None,
@@ -368,7 +368,7 @@ def test_a_seed_that_ended_early_is_not_averaged_with_finished_ones():
 
 
 def test_a_group_is_final_only_when_nothing_is_behind_and_the_default_scope_has_the_baseline():
-    from reports.scope import choose
+    from attnres.reports.scope import choose
 
     runs_, evals = frames([("standard", 1, "finished", 1000, {500: 3.0, 1000: 2.7}),
                            ("control_block", 1, "finished", 1000, {500: 3.0, 1000: 2.6}),

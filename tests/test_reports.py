@@ -168,7 +168,7 @@ def test_runs_of_an_earlier_revision_are_left_out_and_named(workdir):
     """Results before a variant's revision are not comparable: the report names them, apart."""
     from dataclasses import replace
 
-    from reports.build import write_report
+    from attnres.reports.build import write_report
 
     store = RunStore(str(workdir / "runs.db"))
     for seed, v in BASE.items():

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 from helpers import cli_here
 
-from reports import bench_scaling, scaling, scaling_checks, scaling_doc
+from attnres.reports import bench_scaling, scaling, scaling_checks, scaling_doc
 
 C0 = 1e12
 SEEDS = (-0.012, 0.0, 0.012)  # each size's seeds sit symmetrically around its curve: seed noise, no lack of fit

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from reports import scaling, scaling_doc
+from attnres.reports import scaling, scaling_doc
 
 E, ALPHA = 2.0, 0.3
 A = 2.0 * 1e12**ALPHA  # the reducible loss is 2.0 at the smallest compute

@@ -14,14 +14,14 @@ from helpers import BYTES, INLINE, cli_here, in_process, runs
 
 from attnres.config import RunConfig
 from attnres.model.flops import tokens_per_step, training_flops
+from attnres.reports import scaling, scaling_doc
+from attnres.reports.build_scaling import ladder
 from attnres.runs import planning
 from attnres.runs.ladder import TokenRule, parse_sizes
 from attnres.tracking import states
 from attnres.tracking.run_store import RunStore
 from attnres.variants.describe import flops_rows, model_params
 from attnres.variants.registry import resolve_run
-from reports import scaling, scaling_doc
-from reports.build_scaling import ladder
 
 SIZES = ["32x2", "64x2", "96x3", "128x4", "160x4", "192x6"]
 

@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 from helpers import cli_here
 
-from reports import scaling
-from reports.document import assemble
-from reports.numbers import throughput_unit
-from reports.plots import delta_curves, no_delta, no_throughput, plt, throughput_vs_delta
-from reports.tables import completed
+from attnres.reports import scaling
+from attnres.reports.document import assemble
+from attnres.reports.numbers import throughput_unit
+from attnres.reports.plots import delta_curves, no_delta, no_throughput, plt, throughput_vs_delta
+from attnres.reports.tables import completed
 
 
 def _table(tokens_per_s: tuple[float, float] = (92.0, 86.0)) -> pd.DataFrame:

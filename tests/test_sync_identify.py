@@ -15,7 +15,6 @@ import shutil
 import socket
 import stat
 import subprocess
-import sys
 import threading
 import time
 from datetime import timedelta
@@ -23,7 +22,7 @@ from pathlib import Path
 from subprocess import CompletedProcess
 
 import pytest
-from helpers import ROOT, cli_here, metric_rows, runs, sha
+from helpers import CLI, ROOT, cli_here, metric_rows, runs, sha
 
 from attnres.runs import planning
 from attnres.tracking import spool, states
@@ -134,7 +133,7 @@ def test_sync_refuses_a_file_it_cannot_read_in_one_line(here):
     path.write_bytes(b'{"r": 1, "s": 1, "m": {"train_loss": 1.0}}\n')
     path.chmod(0)
     before = tree(here)
-    command = [sys.executable, "-m", "cli.main", "sync", str(path)]
+    command = [*CLI, "sync", str(path)]
     if os.geteuid() == 0:  # root reads any file: as root without the capabilities that override file modes
         if shutil.which("setpriv") is None:
             pytest.skip("running as root, and no setpriv to drop CAP_DAC_OVERRIDE")
@@ -194,12 +193,11 @@ def _chattr(flag: str, path: Path) -> bool:
 
 
 @pytest.mark.integration
-def test_status_says_a_run_has_no_process_when_the_database_cannot_record_it(here):
-    """A trainer gone without recording its end (a disk-full or immutable-database fault): `attnres status` tries to
-    record it failed; an immutable database refuses, and status then shows the run as recorded, running, and says
-    that its process is gone and its end is not recorded (it once showed it running, as if alive). A finished run
-    whose rows have holes, which status would mark incomplete, does not make it fail either. Once the database can
-    be written, status records both."""
+def test_status_says_a_run_has_no_process_and_sync_records_it(here):
+    """A trainer gone without recording its end (a disk-full or immutable-database fault), and a finished run whose
+    rows have holes: `attnres status` only reads, so it answers alike on an immutable database and a writable one.
+    It shows the run as recorded, running, says that its process is gone and its end not recorded (it once showed it
+    running, as if alive), and shows the finished run's holes. `attnres sync` records both once it can write."""
     host = socket.gethostname()
     store = RunStore(str(here / "runs.db"))
     rid = new_run(store)
@@ -210,43 +208,29 @@ def test_status_says_a_run_has_no_process_when_the_database_cannot_record_it(her
     store.update_run(holes, step=200)
     RunStore.forget_all()
     db = here / "runs.db"
-    if _chattr("+i", db):
-        try:
-            before = sha(db)
-            proc = cli_here("status")
-            assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-            row = next(line for line in proc.stdout.splitlines() if line.split("│")[1:2] == [f" {rid:>3} "])
-            assert "running" in row and "— process gone, end not recorded" in row
-            assert (f"run {rid} is recorded running, but process {DEAD_PID} on {host} is gone without recording an "
-                    "end; the database does not say so yet (a write was refused: attempt to write a "
-                    "readonly database)") in proc.stdout
-            assert sha(db) == before and [r["status"] for r in runs(here)] == [states.RUNNING, states.FINISHED]
-        finally:
-            assert _chattr("-i", db)
-    # (no immutable flag on this file system: the writes go through at once) the database can be written
-    proc = cli_here("status", check=True)
-    assert "process gone" not in proc.stdout and "refused" not in proc.stdout
-    assert [r["status"] for r in runs(here)] == [states.FAILED, states.INCOMPLETE]
-    assert f"run {rid} failed: process {DEAD_PID} on {host} is gone without recording an end" in proc.stdout
-
-
-@pytest.mark.integration
-def test_status_on_an_immutable_database_shows_what_it_holds_when_a_write_is_refused(here):
-    """No run is active, but a finished run's rows have holes: status's completeness check cannot record it
-    incomplete on an immutable database, and status says so instead of failing with the database's error."""
-    store = RunStore(str(here / "runs.db"))
-    rid = store.create_run(planning.plan(None, planning.request(["standard"], [3]))[0].cfg,
-                           status=states.FINISHED, actor=states.IMPORTER)
-    store.update_run(rid, step=200)
-    RunStore.forget_all()
-    db = here / "runs.db"
-    if not _chattr("+i", db):
-        pytest.skip("no immutable flag on this file system (chattr +i)")
+    immutable = _chattr("+i", db)
     try:
+        before = sha(db)
         proc = cli_here("status")
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        row = next(line for line in proc.stdout.splitlines() if line.split("│")[1:2] == [f" {rid:>3} "])
+        assert "running" in row and "— process gone, end not recorded" in row
+        assert (f"run {rid} is recorded running, but process {DEAD_PID} on {host} is gone without recording an "
+                "end: `attnres sync` records its end") in proc.stdout
+        assert f"run {holes} is recorded finished, but the database lacks train_loss steps" in proc.stdout
+        assert sha(db) == before and [r["status"] for r in runs(here)] == [states.RUNNING, states.FINISHED]
+        if immutable:  # the reconciler cannot write it: one line, nothing changed
+            refused = cli_here("sync")
+            assert refused.returncode == 2 and "readonly" in refused.stderr and "Traceback" not in refused.stderr
+            assert sha(db) == before
     finally:
-        assert _chattr("-i", db)
-    assert proc.returncode == 0 and "finished" in proc.stdout, proc.stderr
-    assert ("a write was refused (attempt to write a readonly database): the runs are shown as recorded"
-            in proc.stdout)
-    assert [r["status"] for r in runs(here)] == [states.FINISHED]
+        if immutable:
+            assert _chattr("-i", db)
+    assert "— process gone, end not recorded" in cli_here("status", check=True).stdout  # writable: still only reads
+    assert [r["status"] for r in runs(here)] == [states.RUNNING, states.FINISHED]
+    synced = cli_here("sync", check=True).stdout
+    assert f"run {rid} recorded failed" in synced and f"run {holes} recorded incomplete" in synced, synced
+    assert [r["status"] for r in runs(here)] == [states.FAILED, states.INCOMPLETE]
+    proc = cli_here("status", check=True)
+    assert "process gone" not in proc.stdout and "is recorded" not in proc.stdout
+    assert f"run {rid} failed: process {DEAD_PID} on {host} is gone without recording an end" in proc.stdout

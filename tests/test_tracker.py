@@ -106,7 +106,7 @@ def test_status_lists_the_active_runs_and_the_most_recent_with_their_latest_valu
 def test_status_and_variants_answer_without_torch_or_pandas(engine, tmp_path):
     """Nor does status of ended runs load the ORM (0.3 s of its second): only an active run's check does."""
     new_run(engine, status=states.KILLED)
-    probe = ("import sys\nfrom cli.main import main\nsys.argv = ['attnres', *sys.argv[1:]]\n"
+    probe = ("import sys\nfrom attnres.cli.main import main\nsys.argv = ['attnres', *sys.argv[1:]]\n"
              "try:\n    main()\nexcept SystemExit:\n    pass\n"
              "print('LOADED', sorted(m for m in ('torch', 'pandas', 'numpy', 'sqlalchemy.orm') if m in sys.modules))")
     for args in (["status", "--db", str(tmp_path / "runs.db")], ["variants"]):
@@ -191,7 +191,7 @@ def test_summaries_are_dropped_by_any_write_and_the_report_reads_the_same_with_o
         with engine.connect() as conn:
             return len(conn.execute(MetricSummary.__table__.select()).all())
 
-    from reports.build import write_report
+    from attnres.reports.build import write_report
 
     without = write_report(RunStore(str(workdir / "runs.db")), workdir / "a.md", plots=False)
     for run in ids:

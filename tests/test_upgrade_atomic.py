@@ -9,11 +9,10 @@ import shutil
 import signal
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import cli_here, database_at, metric_rows, sha, wait_for
+from helpers import CLI, cli_here, database_at, metric_rows, sha, wait_for
 
 from attnres.tracking.db import _ADDS, HEAD
 
@@ -50,7 +49,7 @@ def complete(db: Path) -> list[Path]:
 
 
 def start_upgrade(db: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "cli.main", "db", "upgrade", "--db", str(db)],
+    return subprocess.Popen([*CLI, "db", "upgrade", "--db", str(db)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

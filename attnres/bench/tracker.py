@@ -140,7 +140,7 @@ def _attnres_exe() -> list[str]:
     if exe.exists():
         return [str(exe)]
     found = shutil.which("attnres")
-    return [found] if found else [sys.executable, "-c", "from cli.main import main; main()"]
+    return [found] if found else [sys.executable, "-c", "from attnres.cli.main import main; main()"]
 
 
 def _wall(cmd: list[str], repeat: int = 3, env: dict[str, str] | None = None) -> float:

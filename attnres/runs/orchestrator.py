@@ -238,7 +238,7 @@ def resume(store: RunStore, run_ids: Sequence[int], *, detach: bool = False, res
            on_tick: Callable[[], None] | None = None) -> Submitted:
     """Continue interrupted runs from their last checkpoint (or from step 0: ``restart``), each through the
     backend it ran on (this machine's queue, a SLURM job, ...)."""
-    backends.reconcile(store)  # the first command after a crash: runs whose processes died are ended first
+    reconcile(store, run_ids)  # the first command after a crash: dead runs end, runs lacking rows are incomplete
     for name in {backends.backend_of(store.run(rid)) for rid in run_ids}:
         backends.get(name).check_detach(detach)
     lines = reopen(store, run_ids, restart)
@@ -266,9 +266,20 @@ def kill(store: RunStore, run_ids: Sequence[int] | None) -> list[int]:
     return backends.kill(store, ids)
 
 
-def reconcile(store: RunStore) -> list[int]:
-    """Mark runs whose process or job is gone without an end as failed; returns them."""
-    return backends.reconcile(store)
+def reconcile(store: RunStore, check: Sequence[int] | None = ()) -> list[int]:
+    """The one reconciler: what the database should say of runs that no process will record any more, recorded.
+
+    Runs whose process or job is gone without an end fail (their spools read first: the trainer's own end wins),
+    queued runs whose queue is gone are preempted, and the finished runs of ``check`` (None: every finished and
+    incomplete run) are checked whole: incomplete with their holes named, or finished again. Called by the write
+    verbs (launch, resume, ``next --launch``, a study) and ``attnres sync`` (the queue, each run's supervisor,
+    settles its own runs); never
+    by a read verb, which derives the same from :func:`attnres.runs.backends.unrecorded` and shows it. Returns the
+    runs whose state changed."""
+    changed = backends.reconcile(store)
+    if check is None or check:
+        changed += store.recheck(states.MONITOR, check)
+    return list(dict.fromkeys(changed))
 
 
 def _found_spools(store: RunStore) -> list[Path]:
@@ -283,14 +294,16 @@ def _found_spools(store: RunStore) -> list[Path]:
     return found
 
 
-def sync(store: RunStore, files: Sequence[Path] | None = None) -> list[tuple[Path, dict[str, int]]]:
-    """Ingest spools (default: every non-empty one under the logs folder) into the database. Named files are each
-    identified as a run's spool first: one that is not refuses the whole call before anything is touched."""
+def sync(store: RunStore, files: Sequence[Path] | None = None) -> tuple[list[tuple[Path, dict[str, int]]], list[int]]:
+    """Ingest spools (default: every non-empty one under the logs folder) into the database, then reconcile every
+    run (:func:`reconcile`): returns each spool's counts, and the runs whose state the reconciler changed. Named
+    files are each identified as a run's spool first: one that is not refuses the whole call before anything is
+    touched."""
     files = [store.spool_file(f) for f in files or []] or _found_spools(store)
     done = []
     for path in files:
         with store.recover(path) as recovered:  # not while a queue, monitor or relaunch records it
             done.append((path, recovered.counts))
-    store.recheck(states.MONITOR)  # an incomplete run whose rows the spools held is finished
-    backends.reconcile(store)  # a run whose process is gone without an end it could record (a full disk) ends
-    return done
+    # a run whose process is gone without an end it could record (a full disk) ends; a finished run whose rows the
+    # database lacks is incomplete, and an incomplete one whose rows the spools held is finished
+    return done, reconcile(store, None)

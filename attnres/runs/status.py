@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -24,22 +25,48 @@ def _fmt(x: float | None, spec: str) -> str:
 
 
 RECENT = 20  # runs `attnres status` lists beside the active ones, unless --all
-GONE_MARK = " — process gone, end not recorded"  # beside a running run's state: see unrecorded()
+# beside a run's recorded state, what the database does not record yet (`attnres sync` records it)
+GONE_MARK = " — process gone, end not recorded"
+ORPHAN_MARK = " — its queue is gone"
+HOLES_MARK = " — rows missing, not recorded incomplete"
 KEYS = ["train_loss", "eval_loss", "peak_memory_bytes"]  # (tok/s: the mean of its logged intervals)
 
 
-def status_rows(store: RunStore, experiment: str | None = None, preset: str | None = None,
-                recent: int | None = RECENT, gone: Mapping[int, str] | None = None,
-                ) -> tuple[list[dict[str, object]], int]:
-    """One row per run with its progress and latest metrics: every active run and the ``recent`` newest
-    (None: every run) of one experiment or preset, or all; and how many runs match in all. A run recorded
-    running whose process is gone (``gone``, from :func:`unrecorded`) says so beside its state.
+@dataclass(frozen=True)
+class Shown:
+    """What `attnres status` shows: its rows, how many runs match in all, and the notes under its table."""
 
-    Plain rows and primary-key lookups (no ORM, no pandas, no torch): the command answers at once
-    however many runs and metric rows the database holds. It only reads: :func:`reconcile` first brings the
-    rows up to date.
-    """
+    rows: list[dict[str, object]]
+    total: int
+    notes: list[str]
+
+
+def shown(store: RunStore, experiment: str | None = None, preset: str | None = None,
+          recent: int | None = RECENT) -> Shown:
+    """Status's table and notes, read only: each run's recorded state, and beside it what the database does not
+    record yet (a process gone without an end, a queue gone, rows missing from a finished run) with the command
+    that records it. Nothing is written: the reconciler (`attnres sync`, the write verbs) records those."""
+    pending = unrecorded(store)
     runs, total = store.status_runs(experiment, preset, recent)
+    holes = store.missing([r for r in runs if r["status"] == states.FINISHED])
+    rows = _rows(store, runs, pending, holes)
+    notes = [*pending_notes(rows, pending, holes), *why_notes(store, rows), *slot_waits(rows), *resume_note(rows)]
+    return Shown(rows, total, notes)
+
+
+def status_rows(store: RunStore, experiment: str | None = None, preset: str | None = None,
+                recent: int | None = RECENT) -> tuple[list[dict[str, object]], int]:
+    """One row per run with its progress and latest metrics (every active run and the ``recent`` newest, None:
+    every run, of one experiment or preset, or all), as recorded; and how many runs match in all."""
+    runs, total = store.status_runs(experiment, preset, recent)
+    return _rows(store, runs, {}, {}), total
+
+
+def _rows(store: RunStore, runs: list[dict[str, object]], pending: Mapping[int, tuple[str, str]],
+          holes: Mapping[int, str]) -> list[dict[str, object]]:
+    """Plain rows and primary-key lookups (no ORM, no pandas, no torch): the command answers at once however
+    many runs and metric rows the database holds. A state the database does not record yet (``pending``,
+    ``holes``) is said beside the recorded one."""
     last = store.latest_values([int(r["id"]) for r in runs], KEYS)
     mean = store.mean_values([int(r["id"]) for r in runs], ["tokens_per_s"])  # (as a report gives a run's)
     cells = grid.cell_labels([(r["experiment"], r["preset"], r["total_steps"]) for r in runs],
@@ -54,14 +81,20 @@ def status_rows(store: RunStore, experiment: str | None = None, preset: str | No
             "variant": str(r["variant"]) + (" (old revision)" if old_revision else ""),
             **({"settings": cell or "—"} if any(cells) else {}),
             "status": str(r["status"]) + (f" @{int(r['stop_step'])}" if r["stop_step"] is not None else "")
-            + silent(r["status"], r["heartbeat_at"])
-            + (GONE_MARK if r["status"] == states.RUNNING and int(r["id"]) in (gone or {}) else ""),
+            + silent(r["status"], r["heartbeat_at"]) + mark(str(r["status"]), int(r["id"]), pending, holes),
             "seed": r["seed"], "step": f"{r['step']}/{r['total_steps']}",
             "train loss": _fmt(m.get("train_loss"), ".3f"), "eval loss": _fmt(m.get("eval_loss"), ".3f"),
             "mean tok/s": _fmt(mean[int(r["id"])].get("tokens_per_s"), ",.0f"),
             "memory MiB": _fmt(None if memory is None else memory / 2**20, ",.0f"),
         })
-    return rows, total
+    return rows
+
+
+def mark(status: str, run_id: int, pending: Mapping[int, tuple[str, str]], holes: Mapping[int, str]) -> str:
+    """What to say beside a run's recorded state of what the database does not record yet ('' for nothing)."""
+    if run_id in pending:
+        return {states.RUNNING: GONE_MARK, states.QUEUED: ORPHAN_MARK}.get(status, "")
+    return HOLES_MARK if status == states.FINISHED and run_id in holes else ""
 
 
 def silent(status: object, heartbeat_at: object, now: datetime | None = None) -> str:
@@ -74,7 +107,7 @@ def silent(status: object, heartbeat_at: object, now: datetime | None = None) ->
     """
     if status != states.RUNNING or heartbeat_at is None:
         return ""
-    from attnres.runs.backends import HEARTBEAT_SILENCE_S  # (imported already: a running run made status reconcile)
+    from attnres.runs.backends import HEARTBEAT_SILENCE_S  # (imported already: a running run made status look)
 
     try:
         beat = heartbeat_at if isinstance(heartbeat_at, datetime) else datetime.fromisoformat(str(heartbeat_at))
@@ -85,63 +118,61 @@ def silent(status: object, heartbeat_at: object, now: datetime | None = None) ->
     return f" (no heartbeat for {duration(age)})" if age > limit else ""
 
 
-def reconcile(store: RunStore, experiment: str | None = None, preset: str | None = None,
-              recent: int | None = RECENT) -> list[str]:
-    """What ``attnres status`` does before it reads, in one visible call: runs whose process or job is gone
-    without an end are marked failed (their spools read first), and the finished runs it will show are
-    checked whole (``incomplete``, with the missing ranges named, when the database lacks logged steps).
-
-    A database that refuses the writes (read-only or immutable, a full disk, locked) leaves the runs as recorded,
-    and status still shows them: returns the first line of each refused write (:func:`unrecorded` and
-    :func:`gone_notes` then say which runs' ends are missing). The backends (and the ORM they write through)
-    are imported only when some run is active: a finished grid's status needs neither.
-    """
-    from attnres.tracking.run_store import DatabaseError
-
-    errors: list[str] = []
-    try:
-        if store.any_active():
-            from attnres.runs import backends
-
-            backends.reconcile(store, errors)
-        runs, _ = store.status_runs(experiment, preset, recent)
-        store.check_complete(runs, states.MONITOR)
-    except (DatabaseError, OSError) as exc:
-        from attnres.runs.backends import first_line
-
-        errors.append(first_line(exc))
-    return errors
-
-
-def unrecorded(store: RunStore) -> dict[int, str]:
-    """The runs recorded running whose process or job is gone now, with why: their end is not in the database
-    yet (it refused the write, or another process is at the run). Only looks (a process check, one squeue)."""
+def unrecorded(store: RunStore) -> dict[int, tuple[str, str]]:
+    """The ends the reconciler would record now (:func:`attnres.runs.backends.unrecorded`): {run: (state, why)}.
+    Only looks (a process check, one squeue); the backends are imported only when some run is active."""
     if not store.any_active():
         return {}
     from attnres.runs import backends
 
-    return backends.gone(store)
+    return backends.unrecorded(store)
 
 
-def gone_notes(rows: list[dict[str, object]], gone: Mapping[int, str], errors: list[str]) -> list[str]:
-    """What status says under its table of the shown runs whose end is not recorded (``gone``), and of a
-    database that refused a write (``errors``, from :func:`reconcile`)."""
-    shown = [int(r["run"]) for r in rows if int(r["run"]) in gone and str(r["status"]).split()[0] == states.RUNNING]
-    refused = f" (a write was refused: {errors[0]})" if errors else ""
-    notes = [f"run {rid} is recorded running, but {gone[rid] or 'its process is gone'}; the database does not say so"
-             f" yet{refused}: the next `attnres status` that can write it records the run's end" for rid in shown]
-    if errors and not shown:
-        notes.append(f"a write was refused ({errors[0]}): the runs are shown as recorded; the next "
-                     "`attnres status` that can write it brings them up to date")
+def pending_notes(rows: list[dict[str, object]], pending: Mapping[int, tuple[str, str]],
+                  holes: Mapping[int, str]) -> list[str]:
+    """What status says under its table of each shown run whose state the database does not record yet, and of
+    the command that records it (`attnres sync`: status itself only reads)."""
+    notes = []
+    shown = {int(r["run"]): str(r["status"]).split()[0] for r in rows}
+    for rid, state in shown.items():
+        if rid in pending and state == states.RUNNING:
+            why = pending[rid][1] or "its process is gone"
+            notes.append(f"run {rid} is recorded running, but {why}: `attnres sync` records its end (the "
+                         "trainer's own, from its spool, if it kept one; else failed)")
+        elif rid in holes and state == states.FINISHED:
+            notes.append(f"run {rid} is recorded finished, but the database lacks {holes[rid]}: `attnres sync` "
+                         f"brings them from a spool that holds them (else records the run incomplete), "
+                         f"`attnres resume {rid}` retrains them")
+    orphans = [rid for rid, state in shown.items() if rid in pending and state == states.QUEUED]
+    if orphans:
+        ids = " ".join(map(str, orphans))
+        many = len(orphans) > 1
+        notes.append(f"run{'s' if many else ''} {', '.join(map(str, orphans))} {'are' if many else 'is'} queued, but "
+                     f"{'their' if many else 'its'} queue is gone: `attnres sync` records {'them' if many else 'it'} "
+                     f"preempted; `attnres resume {ids}` (or the same launch again) starts {'them' if many else 'it'}")
     return notes
 
 
-def _cell(run: pd.Series, now: datetime) -> str:
-    """One grid cell: state, progress and, while running, an ETA from the pace so far (at ``now``)."""
+def live(store: RunStore, experiment: str | None = None, preset: str | None = None) -> list[int]:
+    """The queued and running runs (of one experiment or preset, or all) that a process here still runs or will
+    start: what `status --watch` waits for (a run whose process is gone, or one recorded elsewhere, never ends)."""
+    active, _ = store.status_runs(experiment, preset, recent=0)
+    if not active:
+        return []
+    from attnres.runs.backends import REGISTRY, backend_of
+
+    pending = unrecorded(store)
+    return [int(r["id"]) for r in active if int(r["id"]) not in pending
+            and backend_of(store.run(int(r["id"]))) in REGISTRY]
+
+
+def _cell(run: pd.Series, now: datetime, pending: Mapping[int, tuple[str, str]]) -> str:
+    """One grid cell: state, progress and, while running, an ETA from the pace so far (at ``now``); a process or
+    queue gone (``pending``) is said, never given an ETA."""
     import pandas as pd
 
-    text = f"{run.status} {run.step}/{run.total_steps}"
-    if run.status == states.RUNNING and run.step and pd.notna(run.started_at):
+    text = f"{run.status} {run.step}/{run.total_steps}" + mark(str(run.status), int(run.id), pending, {})
+    if run.status == states.RUNNING and run.step and pd.notna(run.started_at) and int(run.id) not in pending:
         elapsed = (now - run.started_at).total_seconds()
         eta = elapsed / run.step * (run.total_steps - run.step)
         text += f" ETA {duration(eta)}"
@@ -152,8 +183,9 @@ def _cell(run: pd.Series, now: datetime) -> str:
 
 def grid_rows(store: RunStore, experiment: str | None = None,
               preset: str | None = None) -> tuple[list[str], list[list[str]]]:
-    """Variant rows x seed columns (per experiment); each cell is the latest run of that pair."""
+    """Variant rows x seed columns (per experiment); each cell is the latest run of that pair. Read only."""
     runs = store.runs_frame(experiment=experiment, preset=preset)  # (the ORM and pandas: not `attnres status`'s)
+    pending = unrecorded(store)
     now = states.now()
     if runs.empty:
         return ["variant"], [["no runs yet"]]
@@ -166,15 +198,15 @@ def grid_rows(store: RunStore, experiment: str | None = None,
     rows = []
     for exp, variant, cell in dict.fromkeys(zip(runs["experiment"], runs["variant"], runs["settings"], strict=True)):
         rows.append([exp, variant, *([cell or "—"] if swept else [])]
-                    + [_cell(latest.loc[(exp, variant, cell, s)], now) if (exp, variant, cell, s) in latest.index
-                       else "—" for s in seeds])
+                    + [_cell(latest.loc[(exp, variant, cell, s)], now, pending)
+                       if (exp, variant, cell, s) in latest.index else "—" for s in seeds])
     return ["experiment", "variant", *(["settings"] if swept else []), *[f"seed {s}" for s in seeds]], rows
 
 
 def slot_waits(rows: list[dict[str, object]]) -> list[str]:
     """What the queued runs among ``rows`` wait for: who holds the machine's run slots (a run of this or
     another database, its queue's pid, since when), read from the slot files; none when no run is queued."""
-    if not any(str(r["status"]).split()[0] == states.QUEUED for r in rows):
+    if not any(str(r["status"]).split()[0] == states.QUEUED and ORPHAN_MARK not in str(r["status"]) for r in rows):
         return []
     from attnres.runs.backends.slots import holders  # (psutil: only when a run is queued)
 

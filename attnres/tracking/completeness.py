@@ -104,33 +104,52 @@ def text(found: dict[str, list[tuple[int, int]]]) -> str:
                      for key, r in found.items())
 
 
+def missing(engine: Engine, rows: Iterable[dict[str, object]]) -> dict[int, dict[str, list[tuple[int, int]]]]:
+    """The holes of each finished or incomplete run among ``rows`` (id, status, total_steps, config_json) that has
+    some: what :func:`check` would judge, read only (what `attnres status` shows of a hole not recorded yet)."""
+    out = {}
+    for r in rows:
+        if r["status"] in (FINISHED, INCOMPLETE):
+            found = holes(engine, int(r["id"]), r.get("config_json"), int(r["total_steps"]))
+            if found:
+                out[int(r["id"])] = found
+    return out
+
+
+def why(run_id: int, found: dict[str, list[tuple[int, int]]]) -> str:
+    """The message of a run recorded incomplete: what it lacks, and the two ways to make it whole."""
+    return (f"incomplete: the database lacks {text(found)}; `attnres sync` brings them from a spool that holds "
+            f"them, `attnres resume {run_id}` retrains them")
+
+
 def check(engine: Engine, rows: Iterable[dict[str, object]], actor: str) -> list[int]:
     """Mark finished runs among ``rows`` (id, status, total_steps, config_json) with holes ``incomplete``, and
     incomplete ones whose rows are all in again ``finished``; returns the runs whose state changed."""
+    rows = [r for r in rows if r["status"] in (FINISHED, INCOMPLETE)]
+    found = missing(engine, rows)
     changed = []
     for r in rows:
-        if r["status"] not in (FINISHED, INCOMPLETE):
-            continue
-        found = holes(engine, int(r["id"]), r.get("config_json"), int(r["total_steps"]))
-        if bool(found) == (r["status"] == INCOMPLETE):
+        rid = int(r["id"])
+        if (rid in found) == (r["status"] == INCOMPLETE):
             continue
         from attnres.tracking import lifecycle  # (the ORM: only when a state changes)
 
-        if found:
-            why = (f"incomplete: the database lacks {text(found)}; `attnres sync` brings them from a spool that "
-                   f"holds them, `attnres resume {r['id']}` retrains them")
-            done = lifecycle.move(engine, int(r["id"]), INCOMPLETE, actor, where={"status": FINISHED},
-                                     message=why)
+        if rid in found:
+            done = lifecycle.move(engine, rid, INCOMPLETE, actor, where={"status": FINISHED},
+                                  message=why(rid, found[rid]))
         else:
-            done = lifecycle.move(engine, int(r["id"]), FINISHED, actor, where={"status": INCOMPLETE},
-                                     message=None)
+            done = lifecycle.move(engine, rid, FINISHED, actor, where={"status": INCOMPLETE}, message=None)
         if done:
-            changed.append(int(r["id"]))
+            changed.append(rid)
     return changed
 
 
-def recheck(engine: Engine, actor: str) -> list[int]:
-    """Check every incomplete run again (after a sync brought rows): those now whole are finished."""
+def recheck(engine: Engine, actor: str, run_ids: Iterable[int] | None = None) -> list[int]:
+    """:func:`check` over every finished and incomplete run (or those of ``run_ids``): a finished run whose rows
+    are lost is incomplete, an incomplete one whose rows came back (a sync) finished."""
+    q = select(RUNS).where(RUNS.c.status.in_([FINISHED, INCOMPLETE]))
+    if run_ids is not None:
+        q = q.where(RUNS.c.id.in_(list(run_ids)))
     with engine.connect() as conn:
-        rows = [dict(r._mapping) for r in conn.execute(select(RUNS).where(RUNS.c.status == INCOMPLETE)).all()]
+        rows = [dict(r._mapping) for r in conn.execute(q).all()]
     return check(engine, rows, actor)

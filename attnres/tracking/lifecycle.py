@@ -7,8 +7,8 @@ is what every part of attnres calls to change a run's state:
   it (only one can), starts the run's ``--on-end`` command (:mod:`attnres.tracking.on_end`);
 * :func:`recover` takes a run's spool lock and writes what the spool holds into the database before the
   caller judges the run, under the same lock: the queue that saw a trainer exit, a monitor that found it
-  gone, a relaunch reopening it, a trainer starting, ``attnres sync``. The ends its replay records start
-  their ``--on-end`` commands too.
+  gone, a relaunch reopening it, a trainer starting, ``attnres sync``. Its replay records each state change
+  through :func:`move`, so the ends it records start their ``--on-end`` commands from the same place.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def move(engine: Engine, run_id: int, to: str, actor: str, *, where: dict[str, o
     outcome = states.transition(engine, run_id, to, actor, where=where, **fields)
     if outcome and to in states.ENDED and not states.sources(actor, to) <= set(states.ENDED):
         ended(engine, run_id)  # (an end, not a finished run found incomplete or made whole again: once a run)
-    return outcome
+    return outcome  # (the only place a run's --on-end starts: spools replay their changes through this too)
 
 
 def ended(engine: Engine, run_id: int) -> None:
@@ -83,8 +83,7 @@ def _read(engine: Engine, path: Path, truncate: bool, only_if: Callable[[], bool
     if only_if is not None and not only_if():
         return Recovery(True)
     try:
-        return Recovery(True, True, spool.ingest(engine, path, truncate=truncate,
-                                                 on_end=lambda run_id: ended(engine, run_id)))
+        return Recovery(True, True, spool.ingest(engine, path, truncate=truncate, move=move))
     except AttnresError as exc:
         if not keep_going:
             raise

@@ -260,11 +260,17 @@ class RunStore:
 
         return completeness.holes(self._engine, run.id, run.config_json, run.total_steps)
 
-    def recheck(self, actor: str) -> list[int]:
-        """:meth:`check_complete` over every incomplete run."""
+    def recheck(self, actor: str, run_ids: Iterable[int] | None = None) -> list[int]:
+        """:meth:`check_complete` over every finished and incomplete run (or those of ``run_ids``)."""
         from attnres.tracking import completeness
 
-        return completeness.recheck(self._engine, actor)
+        return completeness.recheck(self._engine, actor, run_ids)
+
+    def missing(self, rows: Iterable[dict[str, object]]) -> dict[int, str]:
+        """What each finished or incomplete run among ``rows`` lacks (``train_loss steps 14-16``), read only."""
+        from attnres.tracking import completeness
+
+        return {rid: completeness.text(found) for rid, found in completeness.missing(self._engine, rows).items()}
 
     # -- launches -------------------------------------------------------------------------------------
     def new_launch(self, origin: str, plan: Mapping[str, object] | None = None, study: int | None = None) -> int:

@@ -263,15 +263,16 @@ def _take(runs: dict[int, _RunLog], obj: dict) -> None:
 
 
 def ingest(engine: Engine, spool: Path, truncate: bool = True,
-           on_end: Callable[[int], None] | None = None) -> dict[str, int]:
+           move: Callable[..., states.Outcome] = states.transition) -> dict[str, int]:
     """Write a spool's metrics and run changes into the database (idempotent); empty it after.
 
     The spool is emptied only once the database at the configured location is confirmed to hold
     what it wrote (else AttnresError, and the spool is kept); unreadable lines are skipped and, when
     the spool is emptied, kept aside in ``<spool>.rejects``. Returns counts: ``rows`` (metric values
     given), ``runs`` (runs recreated from a snapshot), ``skipped`` (unreadable lines), ``refused``
-    (state changes refused because the run had ended otherwise meanwhile). ``on_end`` is called with each
-    run whose end the replay recorded (:func:`attnres.tracking.lifecycle.recover` starts its ``--on-end``).
+    (state changes refused because the run had ended otherwise meanwhile). Each spooled state change is recorded
+    through ``move`` (:func:`attnres.tracking.lifecycle.recover` passes :func:`attnres.tracking.lifecycle.move`,
+    the one place that starts a run's ``--on-end`` when a change is its end).
     """
     spool = Path(spool)
     if not (spool.exists() and spool.stat().st_size):  # (nothing to write: the database is not even looked at)
@@ -293,7 +294,7 @@ def ingest(engine: Engine, spool: Path, truncate: bool = True,
             _restore(engine, run_id, log)
             created += 1
         else:
-            refused += _replay(engine, run_id, log.updates, on_end)
+            refused += _replay(engine, run_id, log.updates, move)
         if log.drop_after is not None:
             store.drop_metrics_after(engine, run_id, log.drop_after)
     rows = 0
@@ -337,7 +338,7 @@ def _restore(engine: Engine, run_id: int, log: _RunLog) -> None:
 
 
 def _replay(engine: Engine, run_id: int, updates: list[dict[str, object]],
-            on_end: Callable[[int], None] | None = None) -> int:
+            move: Callable[..., states.Outcome] = states.transition) -> int:
     """Apply a run's spooled changes in order: columns as they come, states through the machine.
 
     A state change refused (the run ended otherwise meanwhile) is dropped with the columns that
@@ -353,9 +354,7 @@ def _replay(engine: Engine, run_id: int, updates: list[dict[str, object]],
         store.update_run(engine, run_id, **pending)
         pending = {}
         to = str(update.pop("status"))
-        outcome = states.transition(engine, run_id, to, states.TRAINER, **update)
+        outcome = move(engine, run_id, to, states.TRAINER, **update)
         refused += not outcome and outcome.status != to
-        if outcome and to in states.ENDED and on_end is not None:
-            on_end(run_id)
     store.update_run(engine, run_id, **pending)
     return refused

@@ -196,6 +196,12 @@ class Backend:
         recorded, for a backend that waits on the run's own word)."""
         raise NotImplementedError
 
+    def unrecorded(self, runs: Sequence[RunRecord]) -> dict[int, tuple[str, str]]:
+        """The ends :meth:`reconcile` would record for this backend's active ``runs`` now, derived without a
+        write: {run: (state, why)}. A running run whose process or job is gone would end failed (unless its
+        spool holds the trainer's own end, which wins)."""
+        return {rid: (states.FAILED, why) for rid, (verdict, why) in self.poll(runs).items() if verdict == GONE}
+
     def reconcile(self, store: RunStore, runs: Sequence[RunRecord], errors: list[str] | None = None) -> list[int]:
         """Mark this backend's active runs whose process or job is gone as failed (monitor).
 
@@ -287,17 +293,15 @@ def reconcile(store: RunStore, errors: list[str] | None = None) -> list[int]:
     return dead
 
 
-def gone(store: RunStore) -> dict[int, str]:
-    """The runs recorded running whose process or job each backend sees gone now, with why (first line): what a
-    read shows of ends not recorded yet (the database refused the write, or another process is at the run). Only
-    looks: writes nothing."""
-    runs = [r for r in store.active_runs() if r.status == states.RUNNING]
-    out: dict[int, str] = {}
+def unrecorded(store: RunStore) -> dict[int, tuple[str, str]]:
+    """The ends the reconciler (:func:`reconcile`) would record now, by each backend's look at its active runs:
+    {run: (state, why's first line)}. What a read verb shows of them: it only looks (a process check, one squeue)."""
+    runs = store.active_runs()
+    out: dict[int, tuple[str, str]] = {}
     for name in sorted({backend_of(r) for r in runs}):
         if name in REGISTRY:
-            verdicts = get(name).poll([r for r in runs if backend_of(r) == name])
-            out |= {rid: why.splitlines()[0] if why else "" for rid, (verdict, why) in verdicts.items()
-                    if verdict == GONE}
+            found = get(name).unrecorded([r for r in runs if backend_of(r) == name])
+            out |= {rid: (to, why.splitlines()[0] if why else "") for rid, (to, why) in found.items()}
     return out
 
 

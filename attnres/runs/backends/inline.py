@@ -2,7 +2,7 @@
 
     attnres launch standard --backend inline --steps 50
 
-What a researcher reaches for to step into a run with a debugger (``python -m pdb -m cli.main launch ...``),
+What a researcher reaches for to step into a run with a debugger (``python -m pdb -m attnres.cli.main launch ...``),
 to profile one (``py-spy record -- attnres launch ... --backend inline``), or to train from a notebook: one
 rank, on this process's device (its first visible GPU, else the CPU), with no torchrun agent and no trainer
 interpreter to start (on a small CPU that is 5-6 s of imports a run, more than a short run's training). The

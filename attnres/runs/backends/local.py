@@ -1,13 +1,10 @@
 """The local backend: a queue that runs queued runs on this machine's free GPUs, or one at a time on CPU.
 
-Each run gets its own torchrun process in a new process session (so a kill can end the whole
-group), ``CUDA_VISIBLE_DEVICES`` for the GPUs assigned to it, and its own log file. When a process
-ends, the queue (the run's supervisor) settles the run: it ingests what the trainer could not
-write, and a run whose trainer recorded no end is failed with its exit code and last log lines.
-
-    python -m attnres.runs.backends.local --db URL --runs 3 4 5 [--gpus-per-run 1] [--nproc 1]
-
-is what ``attnres launch --detach`` starts in the background: it outlives the terminal.
+Each run gets its own torchrun process in a new process session (so a kill can end the whole group),
+``CUDA_VISIBLE_DEVICES`` for the GPUs assigned to it, and its own log file. When a process ends, the queue (the
+run's supervisor) settles the run: it ingests what the trainer could not write, and a run whose trainer recorded no
+end is failed with its exit code and last log lines. ``attnres launch --detach`` starts the queue in the background
+(``python -m attnres.runs.backends.local --db URL --runs 3 4 5``): it outlives the terminal.
 """
 
 from __future__ import annotations
@@ -336,20 +333,26 @@ class LocalBackend(Backend):
                 out[run.id] = (GONE, why) if why else (ALIVE, "")
         return out
 
+    @staticmethod
+    def _orphaned(run: RunRecord) -> str | None:
+        """Why a queued run will never start (its queue died on this host: a SIGKILL, a power cut), or None."""
+        if (run.status != states.QUEUED or not run.queue_pid or run.queue_host != socket.gethostname()
+                or process_alive(run.queue_pid, since=run.queue_since)):
+            return None
+        return f"not started: its queue (pid {run.queue_pid}) is gone; `attnres resume {run.id}` (or the same " \
+               "launch again) starts it"
+
+    def unrecorded(self, runs: Sequence[RunRecord]) -> dict[int, tuple[str, str]]:
+        """As every backend's, and a queued run whose queue is gone would be preempted."""
+        return super().unrecorded(runs) | {r.id: (states.PREEMPTED, w) for r in runs if (w := self._orphaned(r))}
+
     def reconcile(self, store: RunStore, runs: Sequence[RunRecord], errors: list[str] | None = None) -> list[int]:
-        """As every backend's (running runs whose process is gone fail), and: a queued run whose queue died on
-        this host (a SIGKILL, a power cut) is set aside as preempted, which `attnres resume` and a relaunch
-        continue, instead of waiting forever for a queue that will never start it."""
+        """As every backend's, and a queued run whose queue is gone is preempted (`attnres resume` and a relaunch
+        continue it), instead of waiting forever for a queue that will never start it."""
         dead = super().reconcile(store, runs, errors)
-        host = socket.gethostname()
-        for run in runs:
-            if (run.status != states.QUEUED or not run.queue_pid or run.queue_host != host
-                    or process_alive(run.queue_pid, since=run.queue_since)):
-                continue
-            seen = {"queue_pid": run.queue_pid, "status": states.QUEUED}
-            if self.tried(errors, store.move, run.id, states.PREEMPTED, states.MONITOR, where=seen,
-                          message=f"not started: its queue (pid {run.queue_pid}) is gone; `attnres resume "
-                                  f"{run.id}` (or the same launch again) starts it"):
+        for run in [r for r in runs if self._orphaned(r)]:
+            if self.tried(errors, store.move, run.id, states.PREEMPTED, states.MONITOR, message=self._orphaned(run),
+                          where={"queue_pid": run.queue_pid, "status": states.QUEUED}):
                 dead.append(run.id)
         return dead
 
@@ -358,21 +361,17 @@ class LocalBackend(Backend):
         so `attnres resume` continues from there), SIGKILL for whatever is left after ``kill_grace_s()``."""
         trainer = run.pid if run.host == socket.gethostname() and run.status == states.RUNNING else None
         procs = [p for p in (run.agent_pid, trainer) if p and p != os.getpid() and process_alive(p, run.started_at)]
-        for pid in procs[:1]:  # torchrun if it is there (it stops its workers), else the trainer itself
+        # torchrun if it is there (it stops its workers), else the trainer itself; then SIGCONT to each: a stopped
+        # process (SIGSTOP, ^Z) handles the SIGTERM once it runs again
+        for pid, sig in [*((p, signal.SIGTERM) for p in procs[:1]), *((p, signal.SIGCONT) for p in procs)]:
             try:
-                os.kill(pid, signal.SIGTERM)
-            except OSError:
-                pass
-        for pid in procs:  # a stopped process (SIGSTOP, ^Z) handles the SIGTERM once it runs again
-            try:
-                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, sig)
             except OSError:
                 pass
         end = time.monotonic() + kill_grace_s()
         while any(process_alive(p) for p in procs) and time.monotonic() < end:
             time.sleep(0.05)
         kill_tree(run.agent_pid, trainer)
-
 
 
 def main(argv: list[str] | None = None) -> int:

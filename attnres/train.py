@@ -22,7 +22,7 @@ import sys
 from attnres import paths
 from attnres.config import RunConfig
 from attnres.logline import exit_now, say
-from attnres.tracking import launches
+from attnres.tracking import records
 from attnres.tracking.run_store import RunStore
 from attnres.training import distributed
 from attnres.training.loop import NullRecorder, Preemption, header_prefix, speed_conditions, train
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None, preemption: Preemption | None = None) ->
         run_id, log_path = args.run_id, run.log_path
     else:
         cfg = resolve_run(args.variant, args.preset, args.seed, args.overrides, args.data)
-        run_id = store.create_run(cfg, log_path=None, launch_id=store.new_launch(launches.DIRECT)) \
+        run_id = store.create_run(cfg, log_path=None, launch_id=store.new_launch(records.DIRECT)) \
             if d.is_rank0 else -1
         if d.world > 1:
             import torch.distributed as dist

@@ -32,8 +32,8 @@ def import_cmd(
     db: DbOpt = None,
 ) -> None:
     """Import runs recorded elsewhere (format: see attnres/tracking/transfer.py or docs/cli.md) into the database."""
+    from attnres.tracking import imported_text, read_import
     from attnres.tracking.run_store import RunStore
-    from attnres.tracking.transfer import imported_text, read_import
 
     frame = read_import(file)  # checked before the database is opened: bad input changes nothing
     counts = RunStore(db).import_file(file, frame)

@@ -117,7 +117,7 @@ def start_runs(variant: list[str], seeds: list[int] | None, preset: str, experim
     """What `launch` and `scale` do: check the request, print the plan, and (unless a dry run) start the queue."""
     from attnres.runs import backends, orchestrator, planning
     from attnres.runs.ladder import warning as ladder_warning
-    from attnres.tracking.db import normalize_url
+    from attnres.tracking import normalize_url
     from attnres.variants.describe import model_line
 
     given = {k: v for k, v in flags.items() if v is not None} | key_values(backend_opt or [], "--backend-opt")

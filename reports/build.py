@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from attnres import outputs
+from attnres import outputs, run_settings
 from attnres.config import ModelConfig, RunConfig
 from attnres.errors import AttnresError
 from attnres.reports import compare as cmp
@@ -28,10 +28,9 @@ from attnres.reports.scope import Scope, choose, holding, scopes_of, select, sel
 from attnres.reports.stats import ReportError
 from attnres.reports.tables import per_variant
 from attnres.reports.tuning import cells_as_arms, tune, tuning_markdown
-from attnres.runs import grid
 from attnres.runs.grid import arm_label, parse_arm
 from attnres.runs.planning import git_commit, reproduce
-from attnres.tracking.reads import Results
+from attnres.tracking import Results
 from attnres.tracking.run_store import RunStore
 from attnres.tracking.states import EARLY
 from attnres.variants import traits
@@ -222,7 +221,7 @@ def _one_variant(runs: pd.DataFrame, scope: Scope, others: list[Scope], baseline
         return
     variant = names.pop()
     if scope.tuned:
-        values = sorted({grid.settings(c).get(scope.tuned) for c in runs["config_json"]} - {None})
+        values = sorted({run_settings.settings(c).get(scope.tuned) for c in runs["config_json"]} - {None})
         cells = [f"{scope.tuned}={v}" for v in values]
     else:
         base = (scope.experiment, scope.preset, scope.budget, scope.data)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import pandas as pd
 from scipy import stats
 
-from attnres.tracking.speed import CONDITIONS, LOAD, PROCESS
+from attnres.conditions import CONDITIONS, LOAD, PROCESS
 
 LOAD_APART, LOAD_HIGH = 0.25, 0.5  # others' CPU share (of the machine) that makes two arms' runs not alike
 NOISE_LEVEL = 0.95

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from attnres import run_settings
 from attnres.config import get_preset
 from attnres.errors import AttnresError
 from attnres.reports.escape import cell_text
@@ -296,10 +297,10 @@ def _retry(runs: pd.DataFrame, scope: Scope, baseline: str, settings: dict[str, 
         if variant in usable or settings.get(variant) is None:
             continue
         lr = _lr(grp, scope.preset)
-        values = ",".join(grid.normal(lr / k) for k in (2, 4))
+        values = ",".join(run_settings.normal(lr / k) for k in (2, 4))
         base = [o for o in settings[variant] if not o.startswith("lr=")]
         item.lines.append(f"{variant} has no run that finished: retry at a smaller learning rate ({values} instead "
-                          f"of {grid.normal(lr)}), as a sweep with {baseline}, so each is compared at its best "
+                          f"of {run_settings.normal(lr)}), as a sweep with {baseline}, so each is compared at its best "
                           "(a sweep: `attnres report` then keeps its cells apart, and `--tuned lr` compares each "
                           "variant at its best value).")
         item.launches.append(Launch(RETRY, [variant, baseline], sorted(set(grp["seed"].astype(int))),
@@ -309,7 +310,7 @@ def _retry(runs: pd.DataFrame, scope: Scope, baseline: str, settings: dict[str, 
 
 
 def _lr(runs: pd.DataFrame, preset: str) -> float:
-    lr = grid.settings(runs["config_json"].iloc[-1]).get("lr")
+    lr = run_settings.settings(runs["config_json"].iloc[-1]).get("lr")
     return float(lr) if lr is not None else float(get_preset(preset).train.lr)
 
 

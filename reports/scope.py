@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
+from attnres import run_settings
 from attnres.reports.stats import ReportError, finite
 from attnres.runs import grid
 from attnres.tracking.states import EARLY, FINISHED
@@ -60,15 +61,15 @@ def _keyed(runs: pd.DataFrame, tuned: str | None = None) -> pd.DataFrame:
     else:
         data = DEFAULT_DATA
     runs = runs.assign(budget=runs["total_steps"].astype(int), dataset=data)
-    values = [grid.settings(c) for c in runs["config_json"]] if "config_json" in runs else [{}] * len(runs)
+    values = [run_settings.settings(c) for c in runs["config_json"]] if "config_json" in runs else [{}] * len(runs)
     groups = list(zip(*(runs[k] for k in KEYS[:-1]), strict=True))
     return runs.assign(settings=values, cell=grid.cell_labels(groups, list(runs["variant"]), values, tuned))
 
 
 def swept(runs: pd.DataFrame) -> list[str]:
     """The settings swept among ``runs`` (one scope's, before a cell is picked)."""
-    values = [grid.settings(c) for c in runs["config_json"]] if "config_json" in runs else []
-    return grid.swept_keys(zip(runs["variant"], values, strict=True))
+    values = [run_settings.settings(c) for c in runs["config_json"]] if "config_json" in runs else []
+    return run_settings.swept_keys(zip(runs["variant"], values, strict=True))
 
 
 def scopes(runs: pd.DataFrame) -> pd.DataFrame:
@@ -100,7 +101,7 @@ def select(runs: pd.DataFrame, experiment: str | None = None, preset: str | None
     runs = _keyed(runs, tuned)
     picked = runs
     if pick:
-        picked = picked[[grid.matches(v, pick) for v in picked["settings"]]]
+        picked = picked[[run_settings.matches(v, pick) for v in picked["settings"]]]
     if data is not None:
         picked = picked[picked["dataset"] == data]
     if experiment is not None:
@@ -175,7 +176,7 @@ def select_arms(runs: pd.DataFrame, arms: list[tuple[str, dict[str, str]]], expe
         label = grid.arm_label(variant, own)
         want = {**(pick or {}), **own}
         mine = keyed[keyed["variant"] == variant]
-        rows = mine[[grid.matches(v, want) for v in mine["settings"]]]
+        rows = mine[[run_settings.matches(v, want) for v in mine["settings"]]]
         if rows.empty:
             held = sorted({c for c in mine["cell"] if c})
             raise ReportError(f"no runs of {label}" + (f" (its cells: {', '.join(held)})" if held else ""))

@@ -16,8 +16,8 @@ from attnres.reports.analysis import Analysis
 from attnres.reports.escape import cell_text
 from attnres.reports.evidence import BASELINE, TOP_TWO
 from attnres.runs import grid
+from attnres.tracking.records import ENDED, INTERRUPTED
 from attnres.tracking.states import ACTIVE
-from attnres.tracking.studies import ENDED, INTERRUPTED
 
 if TYPE_CHECKING:
     from attnres.runs.study import Outlook

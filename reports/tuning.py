@@ -14,6 +14,7 @@ import math
 
 import pandas as pd
 
+from attnres import run_settings
 from attnres.reports.escape import markdown_table
 from attnres.reports.stats import ReportError, finite
 from attnres.runs import grid
@@ -38,7 +39,7 @@ def tune(runs: pd.DataFrame, evals: pd.DataFrame, key: str) -> tuple[pd.DataFram
     holds nothing back. The step is said in the table, partial while sound runs are short of their budget.
     """
     evals = finite(evals)
-    value = pd.Series([grid.settings(c).get(key, "—") for c in runs["config_json"]], index=runs.index)
+    value = pd.Series([run_settings.settings(c).get(key, "—") for c in runs["config_json"]], index=runs.index)
     kept, rows = [], []
     for variant, mine in runs.groupby("variant", sort=False):
         by_value = {v: mine[value[mine.index] == v] for v in sorted(set(value[mine.index]), key=_order)}
@@ -92,7 +93,7 @@ def cells_as_arms(runs: pd.DataFrame, key: str, default: str | None) -> tuple[pd
     that value was not run, the value nearest it (in log scale for positive numbers). Returns the runs
     relabelled, the baseline arm and a sentence saying so."""
     variant = str(runs["variant"].iloc[0])
-    values = [grid.settings(c).get(key) for c in runs["config_json"]]
+    values = [run_settings.settings(c).get(key) for c in runs["config_json"]]
     held = sorted({v for v in values if v is not None}, key=_order)
     if len(held) < 2:
         raise ReportError(f"--tuned {key}: {variant} has one value of {key} here")

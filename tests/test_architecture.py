@@ -269,3 +269,38 @@ def test_the_process_check_sees_each_process_a_test_starts():
         with pytest.raises(FileNotFoundError):
             subprocess.run(["/no/such/program"], check=False)
     assert started == [f"{sys.executable} -c pass"]
+
+
+def test_outside_tracking_only_the_face_is_imported():
+    """Code outside attnres/tracking/ imports the package's face (``from attnres.tracking import RunStore, ...``,
+    its FACE) or its three public modules (run_store, records, states), never another tracking module."""
+    from attnres import tracking
+
+    public = {"attnres.tracking.run_store", "attnres.tracking.records", "attnres.tracking.states"}
+    offenders = {}
+    for name, tree in outside_tracking().items():
+        bad = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "attnres.tracking":
+                bad += [a.name for a in node.names
+                        if a.name not in tracking.FACE and f"attnres.tracking.{a.name}" not in public]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("attnres.tracking."):
+                bad += [node.module] if node.module not in public else []
+            elif isinstance(node, ast.Import):
+                bad += [a.name for a in node.names if a.name.startswith("attnres.tracking.") and a.name not in public]
+        if bad:
+            offenders[name] = bad
+    assert not offenders, offenders
+    assert set(tracking.__all__) == {*tracking.FACE, "records", "run_store", "states"}
+    for name in tracking.FACE:  # every name of the face resolves
+        assert getattr(tracking, name) is not None
+
+
+def test_lower_layers_never_import_the_runs_layer():
+    """The database, the variants, the model, the data and the training loop sit below attnres.runs (the verbs on
+    runs and their backends): a pure helper they share with it lives below both (e.g. attnres.run_settings)."""
+    lower = ("attnres.tracking", "attnres.variants", "attnres.model", "attnres.data", "attnres.training",
+             "attnres.mirrors", "attnres.config", "attnres.run_settings", "attnres.conditions", "attnres.depth_keys")
+    found = {name: sorted(i for i in imports_of(name, tree) if i.startswith(("attnres.runs", "attnres.bench")))
+             for name, tree in modules(LIBRARY).items() if name.startswith(lower)}
+    assert not {k: v for k, v in found.items() if v}

@@ -24,7 +24,7 @@ from attnres.reports.build import write_report
 from attnres.reports.power import pairs_needed, seeds_needed, t_power
 from attnres.reports.stats import seed_plan
 from attnres.reports.tables import per_variant
-from attnres.tracking import launches, states
+from attnres.tracking import records, states
 from attnres.tracking.run_store import RunStore
 from attnres.variants import traits
 from attnres.variants.registry import VARIANTS, resolve_run
@@ -144,7 +144,7 @@ def test_a_run_resumed_after_it_ended_joins_a_new_stage(workdir):
     from attnres.runs import orchestrator
 
     store = RunStore(str(workdir / "runs.db"))
-    first = store.new_launch(launches.LAUNCH)
+    first = store.new_launch(records.LAUNCH)
     cfg = resolve_run("standard", "tiny", 1, _settings(), "builtin-bytes")
     ended = store.create_run(cfg, status=states.FAILED, actor=states.IMPORTER, launch_id=first)
     cut = store.create_run(resolve_run("standard", "tiny", 2, _settings(), "builtin-bytes"),
@@ -358,7 +358,7 @@ def test_next_launches_exactly_its_cells_and_the_report_tests_them_as_planned(wo
     the level of look 2, with σ at its upper bound), `--launch` starts exactly those runs as one stage with the
     plan recorded, and the next report tests the comparison as planned: look 2, planned 5 vs 5, tested at 5 vs 5."""
     store = RunStore(str(workdir / "runs.db"))
-    first = store.new_launch(launches.LAUNCH)
+    first = store.new_launch(records.LAUNCH)
     spread, jitter = 0.02 / math.sqrt(2), 0.0033  # the same seeds: paired differences -0.0967 and -0.1033
     for variant, mean, e in (("standard", 3.0, 0.0), ("control_block", 2.9, jitter)):
         for seed, value in ((1, mean - spread + e), (2, mean + spread - e)):

@@ -13,10 +13,10 @@ import pytest
 from helpers import FAST, attnres, cli_here, in_process
 from scipy import stats
 
+from attnres import conditions
 from attnres.reports import compare, costs
 from attnres.reports.tables import per_variant
 from attnres.reports.verdicts import SPEED, cost_benefit
-from attnres.tracking import speed
 from attnres.training.recorder import LoadSampler
 
 CPU = {"device": "cpu: Xeon", "world_size": 1, "threads": 2, "compile": False, "dtype": "float32",
@@ -31,7 +31,7 @@ def _arms(tps: dict[str, list[float]], loads: dict[str, list[float | None]] | No
         for i, x in enumerate(figures):
             rid = len(runs) + 1
             load = (loads or {}).get(variant, [None] * len(figures))[i]
-            sets = [CPU | ({} if load is None else {speed.LOAD: load, speed.LOAD + "_s": 60.0})]
+            sets = [CPU | ({} if load is None else {conditions.LOAD: load, conditions.LOAD + "_s": 60.0})]
             runs.append({"id": rid, "variant": variant, "seed": i + 1, "status": "finished", "step": 100,
                          "total_steps": 100, "stop_step": None, "final_train_loss": 3.0, "tokens_per_s": x,
                          "peak_memory_bytes": 1e9, "conditions_json": json.dumps(sets), "config_json": "{}"})
@@ -122,14 +122,14 @@ def test_the_load_sampler_measures_other_processes_share():
 
 
 def test_a_run_keeps_its_load_beside_its_conditions():
-    recorded = speed.merged(None, CPU)
-    loaded = speed.with_load(recorded, CPU, 0.2, 30.0)
+    recorded = conditions.merged(None, CPU)
+    loaded = conditions.with_load(recorded, CPU, 0.2, 30.0)
     assert json.loads(loaded) == [CPU | {"load": 0.2, "load_s": 30.0}]
     # a second attempt under the same conditions joins the same set: its load averaged by seconds
-    again = speed.merged(loaded, CPU)
+    again = conditions.merged(loaded, CPU)
     assert json.loads(again) == json.loads(loaded)
-    assert json.loads(speed.with_load(again, CPU, 0.8, 10.0)) == [CPU | {"load": 0.35, "load_s": 40.0}]
-    assert costs.run_load(json.loads(speed.with_load(again, CPU, 0.8, 10.0))) == pytest.approx(0.35)
+    assert json.loads(conditions.with_load(again, CPU, 0.8, 10.0)) == [CPU | {"load": 0.35, "load_s": 40.0}]
+    assert costs.run_load(json.loads(conditions.with_load(again, CPU, 0.8, 10.0))) == pytest.approx(0.35)
     # the note's "every run here" names the conditions, not each run's load
     runs, evals = _arms({"standard": [100.0, 101.0], "control_block": [90.0, 91.0]},
                         {"standard": [0.01, 0.02], "control_block": [0.03, 0.04]})
@@ -162,7 +162,7 @@ def test_a_trained_run_records_its_load(workdir):
     with sqlite3.connect("runs.db") as conn:
         (sets,) = conn.execute("select conditions_json from runs").fetchone()
     (recorded,) = json.loads(sets)
-    assert 0.0 <= recorded[speed.LOAD] <= 1.0 and recorded[speed.LOAD + "_s"] > 0
-    assert {k: recorded[k] for k in speed.CONDITIONS}["world_size"] == 1
+    assert 0.0 <= recorded[conditions.LOAD] <= 1.0 and recorded[conditions.LOAD + "_s"] > 0
+    assert {k: recorded[k] for k in conditions.CONDITIONS}["world_size"] == 1
     with sqlite3.connect("runs.db") as conn:  # no new metric key: a run's load is no per-step metric
         assert "load" not in {n for (n,) in conn.execute("select name from metric_keys")}

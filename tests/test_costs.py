@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 from helpers import FAST, INLINE, cli_here
 
+from attnres import conditions
 from attnres.reports import costs
 from attnres.reports.tables import per_variant
 from attnres.reports.verdicts import MEMORY, SPEED, cost_benefit
 from attnres.runs.backends.devices import threads_per_process
-from attnres.tracking import speed
 
 RUN = [*FAST, "--steps", "10", "--preset", "tiny"]
 SETS = [FAST[i + 1] for i in range(len(FAST)) if FAST[i] == "--set"]
@@ -150,8 +150,8 @@ def test_like_with_like_rules():
     assert "control_block and standard: their runs recorded no conditions" in out.attrs["note"]
     assert costs.differences([[GPU]], [[]], ("device",)) == "device NVIDIA H100 vs not recorded"
     # a run resumed by this version after training under an older one: its first steps' conditions are unknown
-    resumed = json.loads(speed.merged(None, GPU, trained_before=True))
-    assert resumed == [speed.UNKNOWN, GPU] and json.loads(speed.merged(None, GPU)) == [GPU]
+    resumed = json.loads(conditions.merged(None, GPU, trained_before=True))
+    assert resumed == [conditions.UNKNOWN, GPU] and json.loads(conditions.merged(None, GPU)) == [GPU]
     runs, evals = _table({("standard", 1): [GPU], ("control_block", 1): resumed})
     out = cost_benefit(per_variant(runs, evals, 100), "standard", runs=runs)
     assert out[SPEED].iloc[0].startswith("not comparable: device NVIDIA H100, not recorded vs NVIDIA H100")

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 from helpers import FAST, INLINE, cli_here, in_process, runs
 
+from attnres import run_settings
 from attnres.errors import AttnresError
 from attnres.reports.tuning import tune
 from attnres.runs import grid, planning
@@ -46,9 +47,9 @@ def test_a_malformed_sweep_is_one_line(sets, message):
 
 
 def test_values_are_named_the_same_however_they_were_typed():
-    assert grid.normal("1e-3") == grid.normal(0.001) == grid.normal("0.0010") == "0.001"
-    assert grid.normal("3") == grid.normal(3.0) == grid.normal(3) == "3"
-    assert grid.normal(True) == grid.normal("True") == "true"
+    assert run_settings.normal("1e-3") == run_settings.normal(0.001) == run_settings.normal("0.0010") == "0.001"
+    assert run_settings.normal("3") == run_settings.normal(3.0) == run_settings.normal(3) == "3"
+    assert run_settings.normal(True) == run_settings.normal("True") == "true"
     assert grid.parse_pick(["lr=1E-3"]) == {"lr": "0.001"}
     with pytest.raises(AttnresError):
         grid.parse_pick(["lr=1e-3,3e-3"])
@@ -58,10 +59,11 @@ def test_swept_settings_are_read_from_the_runs_within_one_variant():
     def cfg(variant, lr, n_layer=4):
         return planning.resolve_run(variant, "tiny", 1, [f"lr={lr}", f"n_layer={n_layer}"]).to_json()
 
-    recorded = [("standard", grid.settings(cfg("standard", 1e-3))), ("standard", grid.settings(cfg("standard", 3e-3))),
-                ("deep_baseline", grid.settings(cfg("control_block", 1e-3, 8)))]
+    of = run_settings.settings
+    recorded = [("standard", of(cfg("standard", 1e-3))), ("standard", of(cfg("standard", 3e-3))),
+                ("deep_baseline", of(cfg("control_block", 1e-3, 8)))]
     # n_layer differs between variants only (a variant's own shape): not swept; lr differs within one: swept
-    assert grid.swept_keys(recorded) == ["lr"]
+    assert run_settings.swept_keys(recorded) == ["lr"]
     assert grid.label(recorded[1][1], ["lr"]) == "lr=0.003"
     assert "seed" not in recorded[0][1] and "log_every" not in recorded[0][1]
 
@@ -117,7 +119,7 @@ def _eval_means(workdir, step):
         rows = conn.execute("select r.variant, json_extract(r.config_json, '$.train.lr'), avg(m.value) "
                             "from runs r join metrics m on m.run_id = r.id join metric_keys k on k.id = m.key_id "
                             "where k.name = 'eval_loss' and m.step = ? group by 1, 2", (step,)).fetchall()
-    return {(v, grid.normal(lr)): mean for v, lr, mean in rows}
+    return {(v, run_settings.normal(lr)): mean for v, lr, mean in rows}
 
 
 @pytest.mark.integration

@@ -12,9 +12,9 @@ import shlex
 import pytest
 from helpers import BYTES, FAST_GPT2, cli_here, queue_pid, runs, wait_for
 
-from attnres.runs import grid
+from attnres import run_settings
 from attnres.runs.backends.local import process_alive
-from attnres.tracking import launches, states
+from attnres.tracking import records, states
 from attnres.tracking.run_store import RunStore
 from attnres.variants.registry import VARIANTS, resolve_run
 
@@ -28,7 +28,7 @@ def scope(workdir):
     """standard finished at seeds 1 and 2; control_block failed at seed 1 (no run of it finished): a retry to
     plan; full_attnres running at seed 1; every other variant never run."""
     store = RunStore(str(workdir / "runs.db"))
-    first = store.new_launch(launches.LAUNCH)
+    first = store.new_launch(records.LAUNCH)
     for variant, seed, status in (("standard", 1, states.FINISHED), ("standard", 2, states.FINISHED),
                                   ("control_block", 1, states.FAILED)):
         rid = store.create_run(resolve_run(variant, "tiny", seed, SETTINGS, "builtin-bytes"), status=status,
@@ -64,7 +64,7 @@ def cells(command: list[str]) -> set[tuple[str, int, str]]:
         seeds.append(int(arg))
     sets = [command[i + 1] for i, a in enumerate(command) if a == "--set"]
     lrs = next((s.split("=", 1)[1].split(",") for s in sets if s.startswith("lr=")), [""])
-    return {(v, s, grid.normal(lr) if lr else "") for v in variants for s in seeds for lr in lrs}
+    return {(v, s, run_settings.normal(lr) if lr else "") for v in variants for s in seeds for lr in lrs}
 
 
 def test_each_part_prints_alone_and_announces_the_runs_it_starts(scope):
@@ -101,7 +101,7 @@ def test_launch_under_a_filter_starts_exactly_what_that_filter_printed(scope):
     done = cli_here("next", "--only", "retry", "--launch", "--detach", check=True)
     try:
         new = [r for r in runs(scope) if r["id"] > 4]
-        got = {(r["variant"], r["seed"], grid.settings(r["config_json"])["lr"]) for r in new}
+        got = {(r["variant"], r["seed"], run_settings.settings(r["config_json"])["lr"]) for r in new}
         assert got == want and len(new) == 4  # the retry's runs, and no never-run variant
     finally:
         cli_here("kill", "--all", check=True)

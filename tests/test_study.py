@@ -20,7 +20,7 @@ from attnres.runs import study
 from attnres.runs.backends.local import process_alive
 from attnres.runs.study import Outlook
 from attnres.runs.study_limits import Limits, deadline, hours
-from attnres.tracking import launches, states
+from attnres.tracking import records, states
 from attnres.tracking.run_store import RunStore
 from attnres.variants.registry import VARIANTS, resolve_run
 
@@ -35,7 +35,7 @@ def seeded(workdir: Path, leave: tuple[str, ...] = (), steps: int = 40) -> RunSt
     training): each variant 0.5 worse than the one before it, by the same amount at every seed, so every comparison
     is resolved. A variant left out is the plan's never-run part: one stage of 3 runs, at the baseline's seeds."""
     store = RunStore(str(workdir / "runs.db"))
-    first = store.new_launch(launches.LAUNCH)
+    first = store.new_launch(records.LAUNCH)
     for i, variant in enumerate(v for v in VARIANTS if v not in leave):
         for seed, base in SEEDS.items():
             final = base + 0.5 * i + 0.0001 * seed * i
@@ -203,7 +203,7 @@ def test_a_study_stopped_by_sigterm_goes_on_where_it_stopped(workdir):
 
     wait_for(training, timeout=600)  # (a loaded machine: the study, torchrun and a trainer start first)
     [stage] = stages(workdir)  # the stage, recorded with its pre-registration and the study it belongs to
-    assert stage["origin"] == launches.NEXT and json.loads(stage["plan_json"])["comparisons"] == [
+    assert stage["origin"] == records.NEXT and json.loads(stage["plan_json"])["comparisons"] == [
         {"against": "standard", "kind": "new", "n": [3, 3], "variant": "control_block"}]
     os.kill(pid, signal.SIGTERM)
     wait_for(lambda: not process_alive(pid), timeout=600)

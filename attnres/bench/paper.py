@@ -28,7 +28,6 @@ def depth_keys(variant: str, preset: str = PRESET) -> list[str]:
     import torch
 
     from attnres.model.residual import build_residual
-    from attnres.tracking import depth_maps
     from attnres.variants.registry import resolve_run
 
     model = resolve_run(variant, preset, 1).model
@@ -39,7 +38,7 @@ def depth_keys(variant: str, preset: str = PRESET) -> list[str]:
     residual.tally_maps()
     with torch.no_grad():
         residual(torch.randn(1, 2, width), [torch.tanh] * model.depth_steps)
-    return [depth_maps.key(site, source) for site, source in sorted(residual.depth_map())]
+    return [depth_keys.key(site, source) for site, source in sorted(residual.depth_map())]
 
 
 def paper_db(url: str, variants: int = VARIANTS, seeds: tuple[int, ...] = SEEDS, steps: int = STEPS,

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from attnres.errors import AttnresError
-from attnres.tracking.bench_anchor import check_server, raw_sqlite_insert_s, scratch_database
+from attnres.tracking import check_server, raw_sqlite_insert_s, scratch_database
 from attnres.tracking.run_store import RunStore
 
 KEYS = ("train_loss", "lr", "grad_norm", "tokens_per_s", "peak_memory_bytes")

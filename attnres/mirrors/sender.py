@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from attnres import mirrors
+from attnres import depth_keys, mirrors
 from attnres.config import flatten
 from attnres.logline import say
-from attnres.tracking import depth_maps, spool, states
+from attnres.tracking import held, states
 from attnres.tracking.run_store import DatabaseError
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def _after(rows: Iterable[tuple[int, dict[str, float]]], marks: dict[str, int]) 
     depth-attention maps (hundreds of keys an eval, kept in their own table: a tracker gets the metrics)."""
     out = []
     for step, values in rows:
-        fresh = {k: v for k, v in values.items() if step > marks.get(k, -1) and not k.startswith(depth_maps.PREFIX)}
+        fresh = {k: v for k, v in values.items() if step > marks.get(k, -1) and not k.startswith(depth_keys.PREFIX)}
         if fresh:
             out.append((step, fresh))
     return out
@@ -188,7 +188,7 @@ class Sender:
             return self._drain()
         deadline = time.monotonic() + LOCK_WAIT_S
         while True:
-            with spool.held(lock_path(run), wait=False) as free:  # one sender of a run at a time
+            with held(lock_path(run), wait=False) as free:  # one sender of a run at a time
                 if free:
                     return self._serve(run)
             if time.monotonic() >= deadline:  # (not an `attnres sync --mirror` finishing: a process still sending)
@@ -234,7 +234,7 @@ def sync(store: RunStore, specs: Sequence[str], run_ids: Sequence[int] | None = 
     targets = mirrors.specs(list(specs))
     done: list[tuple[int, str, int | str]] = []
     for run in store.mirrored_runs(run_ids):
-        with spool.held(lock_path(run), wait=False) as free:
+        with held(lock_path(run), wait=False) as free:
             if not free:  # its trainer is sending it now (or another sync): two senders would race over the marks
                 done += [(run.id, spec, f"{SKIPPED}: another process is sending this run now") for spec in targets]
                 continue

@@ -10,14 +10,14 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from attnres import paths
+from attnres import paths, run_settings
 from attnres.config import RunConfig
 from attnres.errors import AttnresError
 from attnres.logline import say
-from attnres.runs import backends, grid
+from attnres.runs import backends
 from attnres.runs.backends import Placement, Submitted
 from attnres.runs.planning import LaunchRequest, PlannedRun, check_data, git_commit
-from attnres.tracking import launches, states
+from attnres.tracking import records, states
 from attnres.tracking.run_store import RunRecord, RunStore
 from attnres.variants.registry import check_revision
 
@@ -53,7 +53,7 @@ class Stage:
     """The launch that the runs created now belong to: recorded when its first new run is, so a relaunch
     that only continues interrupted runs (which keep their own) adds no stage."""
 
-    def __init__(self, origin: str = launches.LAUNCH, plan: dict | None = None, study: int | None = None) -> None:
+    def __init__(self, origin: str = records.LAUNCH, plan: dict | None = None, study: int | None = None) -> None:
         self.origin, self.plan, self.study, self.id = origin, plan, study, None
 
     def __call__(self, store: RunStore) -> int:
@@ -76,7 +76,7 @@ def enqueue(store: RunStore, cells: Sequence[PlannedRun], req: LaunchRequest, st
         if cell.skip:
             continue
         # in a sweep, the early-stop rule's baseline is the baseline of the same cell (its lr, ...)
-        rule = json.dumps({**req.rule, "settings": {k: grid.normal(v) for k, v in cell.cell.items()}}
+        rule = json.dumps({**req.rule, "settings": {k: run_settings.normal(v) for k, v in cell.cell.items()}}
                           if cell.cell else req.rule) if req.rule else None
         try:
             if cell.run_id is None:  # (no backend looks at a queued run before its log path is set)
@@ -140,7 +140,7 @@ def launch_plan(store: RunStore, batches: Sequence[tuple[LaunchRequest, Sequence
     if not batches or all(c.skip for _, cells in batches for c in cells):
         return [], Submitted([])
     (req, cells), *more = batches
-    return launch(store, req, cells, detach=detach, on_queued=on_queued, stage=Stage(launches.NEXT, plan, study),
+    return launch(store, req, cells, detach=detach, on_queued=on_queued, stage=Stage(records.NEXT, plan, study),
                   more=more)
 
 
@@ -172,7 +172,7 @@ def reopen(store: RunStore, run_ids: Sequence[int], restart: bool = False) -> li
             store.recover_now(r)
         except AttnresError as exc:
             raise AttnresError(f"run {r.id}: {exc}") from None
-    stage = Stage(launches.RESUME)
+    stage = Stage(records.RESUME)
     lines: list[str] = []
     for r in runs:
         try:

@@ -21,7 +21,7 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from attnres import paths
+from attnres import paths, run_settings
 from attnres.config import EXPERIMENT_NAME, SEED_RULE, RunConfig, is_seed
 from attnres.data.prepare import BUILTIN, ensure_builtin, read_manifest
 from attnres.errors import AttnresError
@@ -315,7 +315,7 @@ def _reproduce(config_json: str, config_hash: str, preset: str, seed: int, budge
                ) -> tuple[str, ...] | None:
     """The ``--set`` items with which ``attnres launch --preset P --steps B`` trains a run of this config again
     (any seed): every entry that differs from the preset's, bookkeeping included (log_every, compile, ... are
-    in the config hash, which ``grid.settings`` leaves out). None when the config was recorded elsewhere (an
+    in the config hash, which ``run_settings.settings`` leaves out). None when the config was recorded elsewhere (an
     import: its settings are not known), its preset is not in this attnres, or the items would not give back
     its config hash."""
     from attnres.config import flatten, get_preset
@@ -338,7 +338,7 @@ def _reproduce(config_json: str, config_hash: str, preset: str, seed: int, budge
             return None
         leaf.update(n_layer=shape[0], d_model=shape[1])
         base.update(n_layer=given.n_layer, d_model=given.d_model)
-    items = [f"{k}={grid.normal(v)}" for k, v in sorted(leaf.items()) if k not in _BY_FLAG and base.get(k) != v]
+    items = [f"{k}={run_settings.normal(v)}" for k, v in sorted(leaf.items()) if k not in _BY_FLAG and base.get(k) != v]
     try:
         again = resolve_run(str(config["variant"]), preset, seed, [*items, f"steps={budget}"],
                             str(config.get("data")), experiment)

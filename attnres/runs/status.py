@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from attnres import run_settings
 from attnres.durations import duration
 from attnres.runs import grid
 from attnres.tracking import states
@@ -70,7 +71,7 @@ def _rows(store: RunStore, runs: list[dict[str, object]], pending: Mapping[int, 
     last = store.latest_values([int(r["id"]) for r in runs], KEYS)
     mean = store.mean_values([int(r["id"]) for r in runs], ["tokens_per_s"])  # (as a report gives a run's)
     cells = grid.cell_labels([(r["experiment"], r["preset"], r["total_steps"]) for r in runs],
-                             [str(r["variant"]) for r in runs], [grid.settings(r["config_json"]) for r in runs])
+                             [str(r["variant"]) for r in runs], [run_settings.settings(r["config_json"]) for r in runs])
     old = superseded_runs([(str(r["variant"]), str(r["config_json"])) for r in runs])
     rows = []
     for r, cell, old_revision in zip(runs, cells, old, strict=True):
@@ -191,7 +192,7 @@ def grid_rows(store: RunStore, experiment: str | None = None,
         return ["variant"], [["no runs yet"]]
     seeds = sorted(runs["seed"].unique())
     runs["settings"] = grid.cell_labels(list(zip(runs["experiment"], runs["preset"], runs["total_steps"], strict=True)),
-                                        list(runs["variant"]), [grid.settings(c) for c in runs["config_json"]])
+                                        list(runs["variant"]), [run_settings.settings(c) for c in runs["config_json"]])
     keys = ["experiment", "variant", "settings"]
     latest = runs.sort_values("id").groupby([*keys, "seed"]).tail(1).set_index([*keys, "seed"])
     swept = bool(runs["settings"].any())

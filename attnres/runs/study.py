@@ -37,13 +37,12 @@ from attnres.runs.backends import QueueStopped
 from attnres.runs.backends.processes import detached, process_alive
 from attnres.runs.study_limits import Limits
 from attnres.tracking import states
-from attnres.tracking.studies import ENDED, INTERRUPTED
+from attnres.tracking.records import ENDED, INTERRUPTED
 
 if TYPE_CHECKING:
     from attnres.runs.planning import LaunchRequest, PlannedRun
-    from attnres.tracking.records import RunRecord
+    from attnres.tracking.records import RunRecord, StudyRecord
     from attnres.tracking.run_store import RunStore
-    from attnres.tracking.studies import StudyRecord
 
 # How a study ended (``studies.end_reason``): its comparisons, its plan, or one of its limits
 RESOLVED, BEYOND, NOTHING, FAILED = "resolved", "beyond-max-seeds", "nothing-to-launch", "stage-failed"

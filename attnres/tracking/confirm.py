@@ -7,7 +7,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
-from attnres.tracking import depth_maps
+from attnres import depth_keys
 
 
 def confirmed(engine: Engine, checks: Sequence[tuple[int, str | None, int | None]]) -> bool:
@@ -44,8 +44,8 @@ def _holds(execute: Callable, mark: str, check: tuple[int, str | None, int | Non
         return False
     if key is None:
         return True
-    if key.startswith(depth_maps.PREFIX):
-        site, _, source = key[len(depth_maps.PREFIX):].partition(":")
+    if key.startswith(depth_keys.PREFIX):
+        site, _, source = key[len(depth_keys.PREFIX):].partition(":")
         row = execute(f"SELECT 1 FROM depth_weights WHERE run_id = {mark} AND step = {mark} "  # noqa: S608
                       f"AND site = {mark} AND source = {mark}", [run_id, step, int(site), source]).fetchone()
         return row is not None

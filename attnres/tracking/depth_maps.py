@@ -8,29 +8,18 @@ past a resume point. :func:`split` routes them to their own table at the last mo
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, delete, func, select
 
+from attnres.depth_keys import PREFIX
 from attnres.tracking.schema import DepthWeight
 
 if TYPE_CHECKING:
     import pandas as pd  # imported where a frame is made: `attnres status` does without it
 
-PREFIX = "depth:"
-KEY = re.compile(r"depth:\d{1,6}:[A-Za-z0-9 ]{1,32}")  # what a valid key looks like (imports are checked)
 
-
-def key(site: int, source: str) -> str:
-    """The metric key a depth weight travels under."""
-    return f"{PREFIX}{site}:{source}"
-
-
-def any_keys(keys: set[str]) -> bool:
-    """Whether any of these metric keys is a depth weight's (most batches have none: no split needed)."""
-    return any(k.startswith(PREFIX) for k in keys)
 
 
 def split(rows: Sequence[tuple[int, str, float]]) -> tuple[list[tuple[int, str, float]], list[dict[str, object]]]:

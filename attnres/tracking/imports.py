@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from sqlalchemy import Connection, Engine, delete, insert, select
 from sqlalchemy.exc import IntegrityError
 
+from attnres import depth_keys
 from attnres.errors import AttnresError
-from attnres.tracking import depth_maps, launches, states, store
+from attnres.tracking import depth_maps, records, states, store
 from attnres.tracking.schema import DepthWeight, Launch, Metric, MetricKey, MetricSummary, Run
 
 
@@ -80,7 +81,7 @@ def record(engine: Engine, incoming: Sequence[Incoming], stage_order: Callable[[
             order = sorted({inc.stage for inc, run_id in zip(incoming, found, strict=True) if run_id is None},
                            key=stage_order)
             stages = {value: _stage(conn) for value in order}
-            ids = _key_ids(conn, {k for rows in fresh for _, k, _ in rows if not k.startswith(depth_maps.PREFIX)})
+            ids = _key_ids(conn, {k for rows in fresh for _, k, _ in rows if not k.startswith(depth_keys.PREFIX)})
             for inc, run_id, rows in zip(incoming, found, fresh, strict=True):
                 if run_id is None:
                     run_id = states.create(_Within(conn), states.IMPORTER, inc.status,  # type: ignore[arg-type]
@@ -122,7 +123,7 @@ def _new_points(conn: Connection, inc: Incoming, run_id: int | None) -> tuple[li
     have = {(k, int(st)): float(v) for k, st, v in conn.execute(
         select(MetricKey.name, Metric.step, Metric.value).join(MetricKey, MetricKey.id == Metric.key_id)
         .where(Metric.run_id == run_id))}
-    have |= {(depth_maps.key(site, source), int(st)): float(w) for site, source, st, w in conn.execute(
+    have |= {(depth_keys.key(site, source), int(st)): float(w) for site, source, st, w in conn.execute(
         select(DepthWeight.site, DepthWeight.source, DepthWeight.step, DepthWeight.weight)
         .where(DepthWeight.run_id == run_id))}
     new, known = [], 0
@@ -139,7 +140,7 @@ def _new_points(conn: Connection, inc: Incoming, run_id: int | None) -> tuple[li
 
 def _stage(conn: Connection) -> int:
     """A launch of origin ``import``: the runs it creates are one stage (see attnres.tracking.launches)."""
-    return int(conn.execute(insert(Launch).values(created_at=store.now(), origin=launches.IMPORT))
+    return int(conn.execute(insert(Launch).values(created_at=store.now(), origin=records.IMPORT))
                .inserted_primary_key[0])
 
 

@@ -20,7 +20,6 @@ from attnres.tracking.schema import Launch
 if TYPE_CHECKING:
     import pandas as pd
 
-LAUNCH, NEXT, IMPORT, RESUME, DIRECT = "launch", "next", "import", "resume", "direct"
 
 
 def create(engine: Engine, origin: str, plan: Mapping[str, object] | None = None, study: int | None = None) -> int:

@@ -77,11 +77,11 @@ def cell(variant: str, preset: str, config_json: str | None,
     and every setting swept in its launch (``siblings``: (variant, config) of the launch's runs), by their
     ``--set`` names: a sweep's cell, even at a value that is the default."""
     from attnres.errors import AttnresError
-    from attnres.runs import grid
+    from attnres.run_settings import settings, swept_keys
     from attnres.variants.registry import default_settings
 
-    mine = grid.settings(config_json)
-    swept = set(grid.swept_keys((v, grid.settings(c)) for v, c in siblings))
+    mine = settings(config_json)
+    swept = set(swept_keys((v, settings(c)) for v, c in siblings))
     try:
         default = default_settings(variant, preset)
     except (AttnresError, KeyError, ValueError, TypeError):

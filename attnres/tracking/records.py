@@ -1,4 +1,6 @@
-"""Runs as plain values: what :class:`attnres.tracking.run_store.RunStore` returns instead of ORM rows.
+"""Runs and studies as plain values: what :class:`attnres.tracking.run_store.RunStore` returns instead of ORM rows,
+and the words their rows hold beside a run's states (:mod:`attnres.tracking.states`): a stage's origin, a study's
+state.
 
 A record is the run as it was read, detached from any session: it can be passed to a backend, a mirror or
 another process's code without a database behind it, and nothing changes the run through it.
@@ -9,6 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from datetime import datetime
 from pathlib import Path
+
+#: how a stage (a launch: the runs one command created) came about
+LAUNCH, NEXT, IMPORT, RESUME, DIRECT = "launch", "next", "import", "resume", "direct"
+#: a study's states (not a run's)
+GOING, INTERRUPTED, ENDED = "going", "interrupted", "ended"
 
 
 @dataclass(frozen=True)
@@ -64,3 +71,26 @@ class RunRecord:
         from attnres import paths
 
         return paths.spool_of(Path(self.log_path) if self.log_path else paths.run_log(self.id))
+
+
+@dataclass(frozen=True)
+class StudyRecord:
+    """A study as recorded: its row as values, with the ids of its stages (launches), oldest first."""
+
+    id: int
+    created_at: datetime
+    command_key: str
+    scope: dict
+    label: str
+    limits: dict
+    state: str
+    end_reason: str | None
+    message: str | None
+    ended_at: datetime | None
+    runs_spent: int
+    hours_spent: float
+    hours_carried: float  # device-hours of its runs' attempts before the study resumed them (their start is replaced)
+    driver_host: str | None
+    driver_pid: int | None
+    driver_since: datetime | None
+    stages: tuple[int, ...]

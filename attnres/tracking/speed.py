@@ -21,43 +21,6 @@ from attnres.tracking.schema import Benchmark
 if TYPE_CHECKING:
     import pandas as pd
 
-#: What a throughput depends on, in the order a report names them; and how the trainer's process started
-#: (:data:`PROCESS`), which a CPU's peak memory depends on (it counts the whole process) and no throughput does.
-PROCESS = "process"
-CONDITIONS = ("device", "world_size", "threads", "compile", "dtype", PROCESS)
-
-
-UNKNOWN: dict[str, Any] = dict.fromkeys(CONDITIONS)  # an attempt that recorded none (before migration 0008)
-
-#: Beside a set's conditions, once its attempt ended: other processes' mean share of the machine's CPU while it
-#: trained (0..1, :class:`attnres.training.recorder.LoadSampler`), and over how many seconds (``load_s``).
-LOAD = "load"
-
-
-def merged(recorded: str | None, now: Mapping[str, Any], trained_before: bool = False) -> str:
-    """A run's ``conditions_json`` once an attempt under ``now`` joins it: the list of distinct sets. A run
-    that had trained (``trained_before``) without recording any keeps an unknown set for those steps."""
-    sets = json.loads(recorded) if recorded else ([UNKNOWN] if trained_before else [])
-    entry = {k: now.get(k) for k in CONDITIONS}
-    if entry not in [{k: s.get(k) for k in CONDITIONS} for s in sets]:  # (a set's load is no condition)
-        sets.append(entry)
-    return json.dumps(sets, sort_keys=True)
-
-
-def with_load(recorded: str, now: Mapping[str, Any], share: float, seconds: float) -> str:
-    """``recorded`` (a run's ``conditions_json``) with an attempt's load, ``share`` of the machine over
-    ``seconds``, joined to the set of its conditions ``now`` (averaged by seconds with an earlier attempt's)."""
-    sets = json.loads(recorded) if recorded else []
-    entry = {k: now.get(k) for k in CONDITIONS}
-    for s in sets:
-        if {k: s.get(k) for k in CONDITIONS} == entry and seconds > 0:
-            before = float(s.get(LOAD + "_s") or 0.0) if s.get(LOAD) is not None else 0.0
-            total = before + seconds
-            mean = ((float(s[LOAD]) * before if before else 0.0) + share * seconds) / total
-            s[LOAD], s[LOAD + "_s"] = round(mean, 4), round(total, 1)
-    return json.dumps(sets, sort_keys=True)
-
-
 def record_bench(engine: Engine, rows: Sequence[Mapping[str, Any]], device: str, threads: int, dtype: str,
                  preset: str, overrides: Sequence[str], steps: int) -> int:
     """Store one ``attnres bench`` session (one row per variant, standard first); returns its number."""

@@ -19,9 +19,11 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
+from attnres import depth_keys
 from attnres.config import RunConfig
 from attnres.errors import AttnresError
-from attnres.runs import grid
+from attnres.run_settings import matches
+from attnres.run_settings import settings as settings_of
 from attnres.tracking import depth_maps, states
 from attnres.tracking.db import db_identity
 from attnres.tracking.schema import DepthWeight, Metric, MetricKey, MetricSummary, Run
@@ -168,7 +170,7 @@ def log_steps(engine: Engine, run_id: int, entries: Sequence[tuple[int, dict[str
     for entry in entries:
         groups.setdefault(tuple(entry[1]), []).append(entry)
     keys = {k for group in groups for k in group}
-    if depth_maps.any_keys(keys):
+    if depth_keys.any_keys(keys):
         return log_metrics(engine, run_id, [(st, k, v) for st, values in entries for k, v in values.items()])
 
     def payload(ids: dict[str, int]) -> Iterable[tuple]:  # made as the driver binds them, never all held at once
@@ -310,7 +312,7 @@ def all_metrics(engine: Engine, run_ids: Sequence[int] | None = None) -> pd.Data
     cols = ["run_id", "key", "step", "value"]
     with engine.connect() as conn:
         rows = pd.DataFrame(conn.execute(q).all(), columns=cols)
-        maps = [(r, depth_maps.key(site, src), st, v) for r, site, src, st, v in conn.execute(w).all()]
+        maps = [(r, depth_keys.key(site, src), st, v) for r, site, src, st, v in conn.execute(w).all()]
     if maps:
         rows = pd.concat([rows, pd.DataFrame(maps, columns=cols)], ignore_index=True)
     return rows.sort_values(["run_id", "key", "step"], ignore_index=True)
@@ -355,7 +357,7 @@ def eval_at_step(engine: Engine, variant: str, experiment: str, step: int, exclu
         if settings:  # the runs of the same cell of a sweep: their config holds these values
             runs = conn.execute(select(Run.id, Run.config_json).where(Run.variant == variant,
                                                                       Run.experiment == experiment)).all()
-            q = q.where(Run.id.in_([rid for rid, config in runs if grid.matches(grid.settings(config), settings)]))
+            q = q.where(Run.id.in_([rid for rid, config in runs if matches(settings_of(config), settings)]))
         value = conn.execute(q).scalar()
     return None if value is None else float(value)
 

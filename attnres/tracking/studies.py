@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -19,37 +18,13 @@ from sqlalchemy import Engine, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from attnres.errors import AttnresError
-from attnres.tracking.records import RunRecord
+from attnres.tracking.records import ENDED, GOING, RunRecord, StudyRecord
 from attnres.tracking.schema import Launch, Run, Study
 from attnres.tracking.states import now
 
 if TYPE_CHECKING:
     import pandas as pd
 
-GOING, INTERRUPTED, ENDED = "going", "interrupted", "ended"  # a study's states (not a run's)
-
-
-@dataclass(frozen=True)
-class StudyRecord:
-    """A study as recorded: its row as values, with the ids of its stages (launches), oldest first."""
-
-    id: int
-    created_at: datetime
-    command_key: str
-    scope: dict
-    label: str
-    limits: dict
-    state: str
-    end_reason: str | None
-    message: str | None
-    ended_at: datetime | None
-    runs_spent: int
-    hours_spent: float
-    hours_carried: float  # device-hours of its runs' attempts before the study resumed them (their start is replaced)
-    driver_host: str | None
-    driver_pid: int | None
-    driver_since: datetime | None
-    stages: tuple[int, ...]
 
 
 def _record(row: Study, stages: list[int]) -> StudyRecord:

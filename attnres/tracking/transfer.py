@@ -51,10 +51,10 @@ import numpy as np
 import pandas as pd
 from sqlalchemy import Engine
 
-from attnres import outputs
+from attnres import depth_keys, outputs
 from attnres.config import EXPERIMENT_NAME, SEED_MAX, SEED_RULE
 from attnres.errors import AttnresError
-from attnres.tracking import depth_maps, file_formats, imports, states, store
+from attnres.tracking import file_formats, imports, states, store
 from attnres.variants.registry import canonical
 
 REQUIRED = ["variant", "seed", "step", "key", "value"]
@@ -115,11 +115,11 @@ def read_import(path: Path) -> pd.DataFrame:
         raise AttnresError(f"{path}: row {bad[0] + 1}: value '{df['value'].iloc[bad[0]]}' is not a finite number")
     df["value"] = values.astype(float)
     keys = df["key"].astype(str)
-    bad = df.index[keys.str.startswith(depth_maps.PREFIX) & ~keys.str.fullmatch(depth_maps.KEY.pattern)]
+    bad = df.index[keys.str.startswith(depth_keys.PREFIX) & ~keys.str.fullmatch(depth_keys.KEY.pattern)]
     if len(bad):
         raise AttnresError(f"{path}: row {bad[0] + 1}: key '{keys.iloc[bad[0]]}' is not a depth-map key "
                            "(depth:SITE:SOURCE, SOURCE up to 32 letters, digits or spaces)")
-    df["key"] = [_depth_key(k) if k.startswith(depth_maps.PREFIX) else k for k in keys]  # depth:01:x is depth:1:x
+    df["key"] = [_depth_key(k) if k.startswith(depth_keys.PREFIX) else k for k in keys]  # depth:01:x is depth:1:x
     df["variant"] = [canonical(v) for v in df["variant"]]
     label = df["variant"] + "-s" + df["seed"].astype(str)  # a row with no run label is its variant's and seed's
     df["run"] = label if "run" not in df.columns else [d if pd.isna(v) else str(v) for v, d in zip(df["run"], label,
@@ -153,8 +153,8 @@ def read_import(path: Path) -> pd.DataFrame:
 
 
 def _depth_key(key: str) -> str:
-    site, _, source = key[len(depth_maps.PREFIX):].partition(":")
-    return depth_maps.key(int(site), source)
+    site, _, source = key[len(depth_keys.PREFIX):].partition(":")
+    return depth_keys.key(int(site), source)
 
 
 def _scoped(path: Path, df: pd.DataFrame) -> pd.DataFrame:

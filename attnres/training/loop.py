@@ -21,13 +21,13 @@ from typing import Protocol
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from attnres import paths
+from attnres import depth_keys, paths
 from attnres.config import RunConfig, TrainConfig
 from attnres.data.loader import TokenShards, TrainLoader, eval_batches
 from attnres.logline import say
 from attnres.model import flops
 from attnres.model.gpt import GPT
-from attnres.tracking import depth_maps, states
+from attnres.tracking import states
 from attnres.training import checkpoint
 from attnres.training.distributed import Dist, agree, all_mean, device_model, sum_over_ranks
 from attnres.training.lr_schedule import lr_at
@@ -138,7 +138,7 @@ def evaluate(model: torch.nn.Module, shards: TokenShards, cfg: RunConfig, d: Dis
              residual: torch.nn.Module | None = None) -> dict[str, float]:
     """Mean eval loss over the held-out batches of every rank, as ``{"eval_loss": ...}``; with a
     depth-attention ``residual``, also this rank's depth map: each site's mean weight per source
-    (keys of :func:`attnres.tracking.depth_maps.key`), recorded before the loss."""
+    (keys of :func:`attnres.depth_keys.key`), recorded before the loss."""
     model.eval()
     tally = residual is not None and hasattr(residual, "tally_maps")
     if tally:
@@ -153,7 +153,7 @@ def evaluate(model: torch.nn.Module, shards: TokenShards, cfg: RunConfig, d: Dis
         weights = residual.depth_map() if tally else {}
     sum_over_ranks(total, d)
     model.train()
-    out = {depth_maps.key(site, source): w for (site, source), w in sorted(weights.items())}
+    out = {depth_keys.key(site, source): w for (site, source), w in sorted(weights.items())}
     return out | {"eval_loss": float(total[0] / total[1])}
 
 

@@ -18,14 +18,15 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from attnres.conditions import merged, with_load
 from attnres.errors import AttnresError
 from attnres.logline import say
-from attnres.tracking import on_end, speed, states
+from attnres.tracking import states, wait_for_on_end
 from attnres.tracking.run_store import DatabaseError, RunStore
 from attnres.training.loop import Ending
 
 if TYPE_CHECKING:
-    from attnres.tracking.writer import MetricWriter
+    from attnres.tracking import MetricWriter
 
 HEARTBEAT_S = 5.0
 
@@ -117,7 +118,7 @@ class RunRecorder:
                  conditions: dict[str, object] | None = None) -> None:
         self.store, self.run_id, self.conditions = store, run_id, conditions
         run = store.run(run_id)
-        self.conditions_json = speed.merged(run.conditions_json, conditions, run.step > 0) if conditions else None
+        self.conditions_json = merged(run.conditions_json, conditions, run.step > 0) if conditions else None
         self.rule = json.loads(run.rule_json) if run.rule_json else None
         self.scope = {"experiment": run.experiment, "preset": run.preset, "total_steps": run.total_steps}
         specs = json.loads(run.mirrors_json) if run.mirrors_json else []
@@ -192,11 +193,11 @@ class RunRecorder:
         load = self.heartbeat.load
         load.sample()
         if self.conditions and self.conditions_json and (share := load.share()) is not None:  # the load it had
-            fields = fields | {"conditions_json": speed.with_load(self.conditions_json, self.conditions, share,
+            fields = fields | {"conditions_json": with_load(self.conditions_json, self.conditions, share,
                                                                   load.seconds)}
         self.writer.transition(status, **fields)
         ok = self.writer.close()
-        on_end.wait()  # the --on-end command the recorded end started (the trainer leaves without teardown)
+        wait_for_on_end()  # the --on-end command the recorded end started (the trainer leaves without teardown)
         for asked, was in self.writer.refused:
             say(f"attnres: run {self.run_id} was already {was}: its change to {asked} is not recorded")
         if not ok:

@@ -264,6 +264,6 @@ def check_revision(cfg: RunConfig, run_id: int | str) -> None:
 def default_settings(variant: str, preset: str) -> dict[str, str]:
     """A variant's settings at a preset before any ``--set``, by their ``--set`` names: what a run's own values
     are measured against (its cell of a sweep, a one-variant sweep's baseline value)."""
-    from attnres.runs import grid
+    from attnres.run_settings import settings
 
-    return grid.settings(resolve_run(variant, preset, 0).to_json())
+    return settings(resolve_run(variant, preset, 0).to_json())

@@ -66,12 +66,12 @@ def report(
         return
 
     from attnres.reports.build import write_report
+    from attnres.reports.scope import Asked
     from attnres.runs.grid import parse_pick
     from attnres.variants.registry import canonical
 
-    pick = parse_pick(set_ or [])
-    write_report(store, out, canonical(baseline), step, plots, experiment, preset, budget, data, pick, tuned,
-                 figures=figures)
+    asked = Asked(canonical(baseline), experiment, preset, budget, data, parse_pick(set_ or []), tuned)
+    write_report(store, out, asked, step, plots, figures=figures)
     console.print(f"wrote {out}")
 
 

@@ -30,7 +30,8 @@ from attnres.runs import DEFAULT_BACKEND
 from attnres.tracking.run_store import DatabaseError, RunStore
 
 if TYPE_CHECKING:
-    from attnres.runs.backends import Submitted
+    from attnres.runs.backends import Placement, Submitted
+    from attnres.runs.planning import LaunchRequest
 
 
 @app.command()
@@ -103,30 +104,37 @@ def launch(
     """Train every VARIANT x swept value x seed with torchrun, recording runs and metrics in the database.
 
     `--set lr=3e-4,1e-3` sweeps a setting (several swept settings make a product)."""
+    from attnres.runs import planning
+
     flags = {"gpus_per_run": gpus_per_run, "nodes": nodes, "gpus_per_node": gpus_per_node, "partition": partition,
              "time_limit": time_limit}  # each backend takes its own (given ones only: the rest are its defaults)
-    start_runs(variant, seeds, preset, experiment, steps, set_, data, nproc, flags, detach, force, dry_run,
-               kill_if_worse_than, by, at_step, backend, backend_opt, mirror, on_end, db)
+    req = planning.request(variant, seeds, preset, steps, set_, data, backend, placement_of(backend, nproc, flags,
+                           backend_opt), kill_if_worse_than, by, at_step, force, experiment, mirror, on_end)
+    if warning := planning.on_end_warning(on_end):
+        err.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
+    start_runs(req, detach, dry_run, db)
 
 
-def start_runs(variant: list[str], seeds: list[int] | None, preset: str, experiment: str | None, steps: int | None,
-               set_: list[str] | None, data: str, nproc: int, flags: dict[str, object], detach: bool, force: bool,
-               dry_run: bool, kill_if_worse_than: str | None, by: float, at_step: int | None, backend: str,
-               backend_opt: list[str] | None, mirror: list[str] | None, on_end: str | None, db: str | None,
-               ladder: tuple | None = None) -> None:
-    """What `launch` and `scale` do: check the request, print the plan, and (unless a dry run) start the queue."""
+def placement_of(backend: str, nproc: int, flags: dict[str, object], backend_opt: list[str] | None) -> Placement:
+    """How each run is placed: ``--nproc`` ranks, and the backend's own options (its flags given, and
+    ``--backend-opt KEY=VALUE``), typed and checked by the backend."""
+    from attnres.runs import backends
+
+    given = {k: v for k, v in flags.items() if v is not None} | key_values(backend_opt or [], "--backend-opt")
+    return backends.get(backend).placement(nproc, given)
+
+
+def start_runs(req: LaunchRequest, detach: bool, dry_run: bool, db: str | None) -> None:
+    """What `launch` and `scale` do with the request they built: check its data, print the plan, and (unless a dry
+    run) start the queue."""
     from attnres.runs import backends, orchestrator, planning
     from attnres.runs.ladder import warning as ladder_warning
     from attnres.tracking import normalize_url
     from attnres.variants.describe import model_line
 
-    given = {k: v for k, v in flags.items() if v is not None} | key_values(backend_opt or [], "--backend-opt")
-    placement = backends.get(backend).placement(nproc, given)
-    backends.get(backend).check_detach(detach)
-    req = planning.request(variant, seeds, preset, steps, set_, data, backend, placement, kill_if_worse_than,
-                           by, at_step, force, experiment, mirror, on_end, ladder)
+    backends.get(req.backend).check_detach(detach)
     planning.check_request_data(req)  # its data and windows, before the database is opened (a dry run too)
-    for warning in (planning.on_end_warning(on_end), backends.get(req.backend).warning(req.placement),
+    for warning in (backends.get(req.backend).warning(req.placement),
                     ladder_warning([r.size for r in req.ladder]) if req.ladder else None):
         if warning:
             err.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)

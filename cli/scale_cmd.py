@@ -56,10 +56,13 @@ def scale(
 
     Every cell is an ordinary run (resumable, in `status`, mirrored); `attnres report --scaling` fits
     L(C) = E + A·C^(−α) per variant over them and gives each variant's compute-equivalent multiplier."""
-    from attnres.cli.main import start_runs
+    from attnres.cli.main import placement_of, start_runs
+    from attnres.runs import planning
     from attnres.runs.ladder import TokenRule, parse_tokens
     from attnres.runs.ladder import parse_sizes as read_sizes
 
-    rule = TokenRule(parse_tokens(tokens), tokens_per_param)
-    start_runs(variant, seeds, preset, experiment or f"{preset}-scale", None, set_, data, nproc, {}, detach, force,
-               dry_run, None, 0.1, None, backend, backend_opt, mirror, None, db, ladder=(read_sizes(sizes), rule))
+    ladder = (read_sizes(sizes), TokenRule(parse_tokens(tokens), tokens_per_param))
+    req = planning.request(variant, seeds, preset, None, set_, data, backend, placement_of(backend, nproc, {},
+                           backend_opt), force=force, experiment=experiment or f"{preset}-scale", mirrors=mirror,
+                           ladder=ladder)
+    start_runs(req, detach, dry_run, db)

@@ -112,6 +112,7 @@ def study_cmd(
 
     from attnres.reports import build_study, studies
     from attnres.reports.plan import MAX_SEEDS
+    from attnres.reports.scope import Asked
     from attnres.runs import study
     from attnres.runs.grid import parse_pick
     from attnres.runs.study_limits import Limits
@@ -129,8 +130,8 @@ def study_cmd(
         record, again = study.reopen(store, resume, limits), True
     else:
         kinds, seeds, base = studies.parts(only), max_seeds or MAX_SEEDS, canonical(baseline or "standard")
-        first = build_study.outlook(store, base, experiment, preset, budget, data, parse_pick(set_ or []), seeds,
-                                    kinds)
+        first = build_study.outlook(store, Asked(base, experiment, preset, budget, data, parse_pick(set_ or [])),
+                                    seeds, kinds)
         given = {"max_runs": max_runs, "max_hours": max_hours, "deadline": deadline, "max_stages": max_stages}
         record, again = study.begin(store, first, {"baseline": base, "parts": list(kinds), "max_seeds": seeds},
                                     limits, given)

@@ -46,13 +46,14 @@ def next_cmd(
 
     from attnres.reports import plan as plans
     from attnres.reports.build import next_plan
+    from attnres.reports.scope import Asked
     from attnres.runs import orchestrator, planning
     from attnres.runs.grid import parse_pick
     from attnres.variants.registry import canonical
 
     kinds = plans.kinds(only)
-    plan = next_plan(store, canonical(baseline), experiment, preset, budget, data, parse_pick(set_ or []),
-                     max_seeds or plans.MAX_SEEDS, kinds)
+    asked = Asked(canonical(baseline), experiment, preset, budget, data, parse_pick(set_ or []))
+    plan = next_plan(store, asked, max_seeds or plans.MAX_SEEDS, kinds)
     console.print(Text(f"What's next for {plan.scope.label()}:", style="bold"))
     shown = plan.shown(kinds)  # (--only: its parts alone, as --launch starts them)
     parts = " ".join(f"--only {k}" for k in dict.fromkeys(kinds)) if set(kinds) < set(plans.KINDS) else ""

@@ -31,6 +31,7 @@ from attnres.errors import AttnresError
 from attnres.reports.bench import _arms, _rate, _report, _rows, resolved_against_baseline, verdicts
 from attnres.reports.build import next_plan
 from attnres.reports.plan import PILOT, PILOT_PURPOSE, RESOLVE
+from attnres.reports.scope import Asked
 from attnres.tracking.run_store import RunStore
 
 EFFECTS = (0.5, 0.67, 1.0, 1.33, 2.0)
@@ -92,7 +93,7 @@ def power(draws: int = 200, effects: tuple[float, ...] = EFFECTS, sigma: float =
                 for _ in range(STAGES):  # a pilot the plan widens (a spread from too few seeds) is one more stage
                     if resolved:
                         break
-                    plan = next_plan(RunStore(str(folder / "runs.db")), plain, max_seeds=cap, kinds=(RESOLVE,))
+                    plan = next_plan(RunStore(str(folder / "runs.db")), Asked(plain), max_seeds=cap, kinds=(RESOLVE,))
                     new = sorted({s for _, s, _ in plan.cells((RESOLVE,))})
                     if not new or not any(p.get("purpose") == PILOT_PURPOSE for p in plan.registration):
                         break

@@ -24,7 +24,7 @@ from attnres.reports.analysis import Analysis
 from attnres.reports.document import Inputs, assemble, bands, report_parts
 from attnres.reports.plan import KINDS, MAX_SEEDS, Plan
 from attnres.reports.scaling import ladder_note
-from attnres.reports.scope import Scope, choose, holding, scopes_of, select, select_arms
+from attnres.reports.scope import LATEST, Asked, Scope, choose, holding, scopes_of, select, select_arms
 from attnres.reports.stats import ReportError
 from attnres.reports.tables import per_variant
 from attnres.reports.tuning import cells_as_arms, tune, tuning_markdown
@@ -65,12 +65,11 @@ def provenance(store: RunStore, runs: pd.DataFrame, today: dt.date | None = None
     }
 
 
-def _scoped(table: pd.DataFrame, experiment: str | None, preset: str | None, budget: int | None,
-            baseline: str | None = None, data: str | None = None, pick: dict[str, str] | None = None,
-            tuned: str | None = None) -> tuple[pd.DataFrame, Scope, list[Scope]]:
+def _scoped(table: pd.DataFrame, asked: Asked) -> tuple[pd.DataFrame, Scope, list[Scope]]:
     """The runs of the scope chosen from ``table`` (every run row), the scope, and the database's other scopes."""
     try:
-        return select(table, experiment, preset, budget, baseline, data, pick, tuned)
+        return select(table, asked.experiment, asked.preset, asked.budget, asked.baseline, asked.data, asked.pick,
+                      asked.tuned)
     except ReportError as exc:
         raise AttnresError(str(exc)) from None
 
@@ -153,22 +152,18 @@ def launch_plans(store: RunStore) -> dict[int, dict]:
     return {int(i): p for i, p in zip(frame["id"], frame["plan"], strict=True) if p}
 
 
-def write_report(store: RunStore, out: Path, baseline: str = "standard", step: int | None = None,
-                 plots: bool = True, experiment: str | None = None, preset: str | None = None,
-                 budget: int | None = None, data: str | None = None, pick: dict[str, str] | None = None,
-                 tuned: str | None = None, max_seeds: int = MAX_SEEDS, figures: Path | None = None) -> str:
-    """Build the document of one scope from the database; write it, and its PNGs into ``figures`` (default: a
-    folder named after it, beside it), linked from the document by their path relative to it.
-
-    ``pick`` chooses a cell of a sweep (``--set lr=1e-3``); ``tuned`` compares each variant at its best
-    value of a swept setting (``--tuned lr``).
-    """
+def write_report(store: RunStore, out: Path, asked: Asked = LATEST, step: int | None = None, plots: bool = True,
+                 max_seeds: int = MAX_SEEDS, figures: Path | None = None) -> str:
+    """Build the document of the scope ``asked`` for from the database, at eval ``step`` (None: the final one, or
+    the latest the compared variants reached); write it, and its PNGs into ``figures`` (default: a folder named
+    after it, beside it), linked from the document by their path relative to it."""
     outputs.check(out, example="attnres-results.md")
     folder = figures or figures_folder(out)
     if plots:
         outputs.check(folder, folder=True, inside=FIGURE_FILES)
     table = store.run_table()
-    runs, scope, others = _scoped(table, experiment, preset, budget, baseline, data, pick, tuned)
+    runs, scope, others = _scoped(table, asked)
+    baseline, tuned = asked.baseline, asked.tuned
     notes = []
     if tuned is not None and baseline not in set(runs["variant"]) and runs["variant"].nunique() == 1:
         runs, baseline, note = _sweep_arms(runs, scope, tuned)
@@ -234,15 +229,14 @@ def _one_variant(runs: pd.DataFrame, scope: Scope, others: list[Scope], baseline
                        f"compare its settings with `attnres compare {arms}`, or pass --baseline {variant}")
 
 
-def next_plan(store: RunStore, baseline: str = "standard", experiment: str | None = None, preset: str | None = None,
-              budget: int | None = None, data: str | None = None, pick: dict[str, str] | None = None,
-              max_seeds: int = MAX_SEEDS, kinds: tuple[str, ...] = KINDS) -> Plan:
+def next_plan(store: RunStore, asked: Asked = LATEST, max_seeds: int = MAX_SEEDS,
+              kinds: tuple[str, ...] = KINDS) -> Plan:
     """The What's Next plan of one scope (as its document gives it, for the parts ``kinds``): what ``attnres
     next`` prints and launches. (The analysis it is part of, which ``attnres study`` reads too, is made in
     :mod:`reports.build_study`, which builds on this module.)"""
     from attnres.reports.build_study import next_analysis
 
-    return next_analysis(store, baseline, experiment, preset, budget, data, pick, max_seeds, kinds)[1].plan
+    return next_analysis(store, asked, max_seeds, kinds)[1].plan
 
 
 #: the files :func:`_figures` may write into a document's figures folder (each checked before any work)

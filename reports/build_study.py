@@ -9,6 +9,7 @@ reads the scope's runs again and returns the plan, and how many of its compariso
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 import pandas as pd
 
@@ -17,20 +18,19 @@ from attnres.reports import studies
 from attnres.reports.analysis import Analysis, analyse
 from attnres.reports.build import _scoped, db_args, launch_plans
 from attnres.reports.plan import KINDS, MAX_SEEDS
+from attnres.reports.scope import LATEST, Asked
 from attnres.reports.stats import ReportError
 from attnres.runs.study import Outlook
 from attnres.tracking.run_store import RunStore
 from attnres.variants import traits
 
 
-def next_analysis(store: RunStore, baseline: str = "standard", experiment: str | None = None,
-                  preset: str | None = None, budget: int | None = None, data: str | None = None,
-                  pick: dict[str, str] | None = None, max_seeds: int = MAX_SEEDS,
+def next_analysis(store: RunStore, asked: Asked = LATEST, max_seeds: int = MAX_SEEDS,
                   kinds: tuple[str, ...] = KINDS) -> tuple[pd.DataFrame, Analysis]:
     """One scope's runs and their analysis as its document gives it, for the plan's parts ``kinds``: its plan is
     what ``attnres next`` prints and launches, its tests what a study counts resolved."""
-    runs, scope, _ = _scoped(store.run_table(), experiment, preset, budget, baseline, data, pick)
-    res = store.load_results(runs=runs)
+    runs, scope, _ = _scoped(store.run_table(), replace(asked, tuned=None))
+    res, baseline = store.load_results(runs=runs), asked.baseline
     if baseline not in set(res.runs["variant"]):
         raise AttnresError(f"no runs of the baseline '{baseline}' in {scope.label()}; run it or pass --baseline")
     try:
@@ -40,19 +40,18 @@ def next_analysis(store: RunStore, baseline: str = "standard", experiment: str |
         raise AttnresError(f"cannot plan: {exc}") from None
 
 
-def outlook(store: RunStore, baseline: str, experiment: str | None, preset: str | None, budget: int | None,
-            data: str | None, pick: dict[str, str], max_seeds: int, kinds: tuple[str, ...]) -> Outlook:
+def outlook(store: RunStore, asked: Asked, max_seeds: int, kinds: tuple[str, ...]) -> Outlook:
     """The outlook of a scope now (the scope chosen as ``attnres next`` chooses it): a new study's first look,
     which also checks the scope and the baseline before anything is recorded."""
-    runs, analysis = next_analysis(store, baseline, experiment, preset, budget, data, pick, max_seeds, kinds)
-    return studies.outlook(analysis, runs, kinds, max_seeds, pick)
+    runs, analysis = next_analysis(store, asked, max_seeds, kinds)
+    return studies.outlook(analysis, runs, kinds, max_seeds, asked.pick)
 
 
 def planner(store: RunStore, scope: Mapping[str, object]) -> Callable[[], Outlook]:
     """A recorded study's planner: the outlook of the scope it pinned (``studies.scope_json``), made anew each time."""
     def plan() -> Outlook:
-        return outlook(store, str(scope["baseline"]), str(scope["experiment"]), str(scope["preset"]),
-                       int(scope["budget"]), str(scope["data"]), dict(scope["pick"]), int(scope["max_seeds"]),
-                       tuple(scope["parts"]))
+        asked = Asked(str(scope["baseline"]), str(scope["experiment"]), str(scope["preset"]), int(scope["budget"]),
+                      str(scope["data"]), dict(scope["pick"]))
+        return outlook(store, asked, int(scope["max_seeds"]), tuple(scope["parts"]))
 
     return plan

@@ -92,7 +92,7 @@ def ladder_runs(runs: pd.DataFrame, last: Mapping[int, Mapping[str, float]],
     same setting). ``budget_of``: each run's ``steps``, ``warmup``, ``tokens`` and non-embedding ``params`` (from
     its config), columns of their own, for :func:`reports.scaling_checks.short_runs`. Runs without a model config,
     a final eval loss or a finite compute are left out; how many is in ``attrs["left_out"]``."""
-    from attnres.runs.grid import settings, swept_keys
+    from attnres.run_settings import settings, swept_keys
 
     have = [(run, settings(run.config_json)) for run in runs.itertuples()]
     swept = [k for k in swept_keys([(str(run.variant), s) for run, s in have]) if k not in LADDER_KEYS]

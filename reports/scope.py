@@ -28,6 +28,24 @@ KEYS = ["experiment", "preset", "budget", "dataset", "cell"]  # a scope's column
 
 
 @dataclass(frozen=True)
+class Asked:
+    """Which scope a document, a plan or a study is of, as the user asked it (None: chosen from the database, the
+    latest run's), and the baseline its Δs are measured against: built once by the CLI from its shared options,
+    and handed down whole."""
+
+    baseline: str = "standard"
+    experiment: str | None = None
+    preset: str | None = None
+    budget: int | None = None
+    data: str | None = None
+    pick: dict[str, str] = field(default_factory=dict)  # a cell of a sweep (--set KEY=VALUE)
+    tuned: str | None = None  # compare each variant at its best value of this swept setting (--tuned)
+
+
+LATEST = Asked()  # no scope named: the latest run's, against standard
+
+
+@dataclass(frozen=True)
 class Scope:
     experiment: str
     preset: str

@@ -59,7 +59,7 @@ def paired_before(held: dict[str, dict[int, float]]) -> list[tuple[str, str]]:
 def test_seeds_added_to_the_baseline_go_to_every_arm_that_holds_its_seeds(workdir):
     held = {"standard": BASE, "block_hybrid_memory": HYBRID, "control_block": CONTROL}
     store = imported(workdir, held)
-    plan = next_plan(store, "standard", max_seeds=MAX)
+    plan = next_plan(store, max_seeds=MAX)
     final = after(plan, held)
     assert final["standard"] > set(BASE)  # the plan adds seeds to the baseline (control_block vs standard)...
     for a, b in paired_before(held):  # ...and to every arm paired with it: no comparison falls back to Welch's
@@ -81,14 +81,14 @@ def test_without_the_resolve_part_the_never_run_variants_take_the_baselines_seed
     `--only resolve` later adds its new seeds to them as well: they hold the baseline's seeds)."""
     held = {"standard": BASE, "block_hybrid_memory": HYBRID, "control_block": CONTROL}
     store = imported(workdir, held)
-    plan = next_plan(store, "standard", max_seeds=MAX, kinds=(NEW,))
+    plan = next_plan(store, max_seeds=MAX, kinds=(NEW,))
     final = after(plan, held, (NEW,))
     assert final["standard"] == set(BASE)
     fresh = {v for v, _, _ in plan.cells((NEW,))}
     assert fresh and all(final[v] == set(BASE) for v in fresh)
     shown = cli_here("next", "--only", "new", "--max-seeds", str(MAX), check=True).stdout
     assert "planned with standard's seeds (7, 42, 1337), so they pair." in shown  # (most shared first)
-    whole = next_plan(store, "standard", max_seeds=MAX)  # the whole plan: the baseline and its arms get the same seeds
+    whole = next_plan(store, max_seeds=MAX)  # the whole plan: the baseline and its arms get the same seeds
     assert after(whole, held)["standard"] > set(BASE)
     everything = after(whole, held)
     assert all(everything[v] == everything["standard"] for v in fresh)
@@ -102,7 +102,7 @@ def test_a_comparison_that_lost_its_pairing_is_paired_again(workdir):
     base = {s: 3.0 + float(rng.normal(0, 0.02)) for s in (42, 1337, 1, 2, 3, 4, 5, 6)}
     held = {"standard": base, "block_hybrid_memory": {42: base[42] - 0.010, 1337: base[1337] - 0.012}}
     store = imported(workdir, held)
-    plan = next_plan(store, "standard", max_seeds=MAX)
+    plan = next_plan(store, max_seeds=MAX)
     final = after(plan, held, (RESOLVE,))
     assert final["block_hybrid_memory"] == final["standard"] >= set(base)
     shown = cli_here("next", "--max-seeds", str(MAX), check=True).stdout
@@ -180,7 +180,7 @@ def test_a_spread_from_two_seeds_widens_the_pilot_before_promising_power(workdir
     promised), rather than giving up on the comparison."""
     held = {"standard": {1: 3.000, 2: 3.020}, "control_block": {1: 2.980, 2: 3.005}}
     store = imported(workdir, held)
-    plan = next_plan(store, "standard", kinds=(RESOLVE,))
+    plan = next_plan(store, kinds=(RESOLVE,))
     c = next(x for x in plan_comparisons(store) if x.a == "control_block")
     assert not c.resolved and c.need > 10 >= c.need_observed
     assert after(plan, held, (RESOLVE,)) == {"standard": {1, 2, 3, 4}, "control_block": {1, 2, 3, 4}}
@@ -195,4 +195,4 @@ def plan_comparisons(store: RunStore) -> list:
     """The comparisons of the store's document (the report's own analysis, resolve part only)."""
     from attnres.reports.build_study import next_analysis
 
-    return next_analysis(store, "standard", kinds=(RESOLVE,))[1].tests
+    return next_analysis(store, kinds=(RESOLVE,))[1].tests

@@ -20,7 +20,7 @@ from attnres.reports import comparisons, evidence, plots
 from attnres.reports.build import write_report
 from attnres.reports.document import Inputs, build_report
 from attnres.reports.power import seeds_needed
-from attnres.reports.scope import select
+from attnres.reports.scope import Asked, select
 from attnres.reports.stats import ReportError, stars
 from attnres.reports.tables import per_variant
 from attnres.reports.verdicts import cost_benefit
@@ -137,7 +137,7 @@ def test_one_database_many_experiments_never_mixes_them(workdir):
     assert "Scope: experiment tiny, preset tiny, 24 steps." in text
     assert "killed" not in text.split("## Other Experiments")[0] and "5000" not in text
     assert "`attnres report --experiment paper500m --preset paper500m --budget 6000`" in text
-    other = write_report(store, workdir / "p.md", plots=False, experiment="paper500m")
+    other = write_report(store, workdir / "p.md", Asked(experiment="paper500m"), plots=False)
     assert "Scope: experiment paper500m" in other and "24 steps" in other.split("## Other")[1]
     # the same filters on status, compare and export
     listed = cli_here("status", "--experiment", "tiny", check=True).stdout

@@ -9,6 +9,7 @@ import subprocess
 import pytest
 from helpers import FAST, FAST_GPT2, LONG, attnres, cli_here, runs, wait_for
 
+from attnres.runs.backends.processes import process_alive
 from attnres.tracking import store
 from attnres.tracking.db import get_engine
 
@@ -68,14 +69,21 @@ def test_slurm_requeue_resumes_from_the_checkpoint(workdir):
     attnres("launch", "standard", "--seeds", "4", "--steps", "80", *FAST_GPT2, "--set", "checkpoint_every=5",
             "--backend", "slurm", check=True)
     wait_for(lambda: (r := runs(workdir)[0])["status"] == "running" and r["step"] >= 10)
-    job = runs(workdir)[0]["job_id"]
+    job, first = runs(workdir)[0]["job_id"], runs(workdir)[0]["pid"]
     subprocess.run(["scontrol", "requeue", job], check=True)  # what preemption with requeue does
     def requeued() -> bool:
         info = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
         return "JobState=PENDING" in info and "Restarts=1" in info
 
+    def first_attempt_gone() -> bool:  # its step, and the trainer saving its checkpoint, are gone
+        steps = subprocess.run(["squeue", "-h", "-s", "-j", job], capture_output=True, text=True).stdout.strip()
+        return not steps and runs(workdir)[0]["status"] == "preempted" and not process_alive(first)
+
     wait_for(requeued)
-    # SLURM holds a requeued job back for a while (BeginTime); let it start now
+    # SLURM holds a requeued job back for a while (BeginTime: 2 minutes here) so that the first attempt's step has
+    # ended; the test lets it start sooner, but not before: a batch job started on its node while its own previous
+    # step still shuts down fails at once (exit code 1, nothing run, not requeued again: one CI run saw it)
+    wait_for(first_attempt_gone, timeout=120)
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
     try:
         wait_for(lambda: runs(workdir)[0]["status"] == "finished", timeout=600, every=0.5)

@@ -27,6 +27,7 @@ def depth_keys(variant: str, preset: str = PRESET) -> list[str]:
     for a variant without depth attention."""
     import torch
 
+    from attnres.depth_keys import key
     from attnres.model.residual import build_residual
     from attnres.variants.registry import resolve_run
 
@@ -38,7 +39,7 @@ def depth_keys(variant: str, preset: str = PRESET) -> list[str]:
     residual.tally_maps()
     with torch.no_grad():
         residual(torch.randn(1, 2, width), [torch.tanh] * model.depth_steps)
-    return [depth_keys.key(site, source) for site, source in sorted(residual.depth_map())]
+    return [key(site, source) for site, source in sorted(residual.depth_map())]
 
 
 def paper_db(url: str, variants: int = VARIANTS, seeds: tuple[int, ...] = SEEDS, steps: int = STEPS,

@@ -48,11 +48,6 @@ def spools() -> list[Path]:
     return sorted(p for p in logs_dir().glob("*.spool.jsonl") if p.is_file() and p.stat().st_size)
 
 
-def sbatch_script(log: Path) -> Path:
-    """The SLURM script of a run, beside its log."""
-    return Path(log).with_suffix(".sbatch")
-
-
 def queue_log(first_run: int) -> Path:
     """The output of a detached queue process, named after its first run."""
     return logs_dir() / f"queue-{first_run}.log"

@@ -304,3 +304,15 @@ def test_lower_layers_never_import_the_runs_layer():
     found = {name: sorted(i for i in imports_of(name, tree) if i.startswith(("attnres.runs", "attnres.bench")))
              for name, tree in modules(LIBRARY).items() if name.startswith(lower)}
     assert not {k: v for k, v in found.items() if v}
+
+
+def test_backends_are_known_through_their_protocol_only():
+    """Outside attnres/runs/backends/, no module imports one backend's own module (local, slurm, inline, or the
+    local queue's run slots): status, the CLI, the reports and the verbs reach a backend's state through the
+    Backend protocol (poll, unrecorded, waits, reconcile, ...) and its registry."""
+    own = ("attnres.runs.backends.local", "attnres.runs.backends.slurm", "attnres.runs.backends.inline",
+           "attnres.runs.backends.slots")
+    found = {name: sorted(i for i in imports_of(name, tree) if i.startswith(own))
+             for package in (LIBRARY, ROOT / "cli", ROOT / "reports") for name, tree in modules(package).items()
+             if not name.startswith("attnres.runs.backends")}
+    assert not {k: v for k, v in found.items() if v}

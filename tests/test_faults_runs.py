@@ -1,7 +1,7 @@
 """Faults mid-run (a third of the way through the issue's tiny run), with real torchrun processes and real SQLite.
 
 Each ends in one clear, consistent and resumable state, with no metric row lost. FAULT-TABLE lines
-are printed for the README's table (``pytest -s -k faults``).
+are printed for docs/design.md's table (``pytest -s -k faults``).
 """
 
 from __future__ import annotations

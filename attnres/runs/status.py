@@ -51,7 +51,8 @@ def shown(store: RunStore, experiment: str | None = None, preset: str | None = N
     runs, total = store.status_runs(experiment, preset, recent)
     holes = store.missing([r for r in runs if r["status"] == states.FINISHED])
     rows = _rows(store, runs, pending, holes)
-    notes = [*pending_notes(rows, pending, holes), *why_notes(store, rows), *slot_waits(rows), *resume_note(rows)]
+    notes = [*pending_notes(rows, pending, holes), *why_notes(store, rows), *waits(store, rows, pending),
+             *resume_note(rows)]
     return Shown(rows, total, notes)
 
 
@@ -154,6 +155,18 @@ def pending_notes(rows: list[dict[str, object]], pending: Mapping[int, tuple[str
     return notes
 
 
+def waits(store: RunStore, rows: list[dict[str, object]], pending: Mapping[int, tuple[str, str]]) -> list[str]:
+    """What the shown queued runs wait for, each backend saying it for its own (the local queue: who holds the
+    machine's run slots); none when no shown run is queued (the backends are not even imported)."""
+    queued = [int(r["run"]) for r in rows
+              if str(r["status"]).split()[0] == states.QUEUED and int(r["run"]) not in pending]
+    if not queued:
+        return []
+    from attnres.runs import backends
+
+    return backends.waits(store, queued)
+
+
 def live(store: RunStore, experiment: str | None = None, preset: str | None = None) -> list[int]:
     """The queued and running runs (of one experiment or preset, or all) that a process here still runs or will
     start: what `status --watch` waits for (a run whose process is gone, or one recorded elsewhere, never ends)."""
@@ -202,19 +215,6 @@ def grid_rows(store: RunStore, experiment: str | None = None,
                     + [_cell(latest.loc[(exp, variant, cell, s)], now, pending)
                        if (exp, variant, cell, s) in latest.index else "—" for s in seeds])
     return ["experiment", "variant", *(["settings"] if swept else []), *[f"seed {s}" for s in seeds]], rows
-
-
-def slot_waits(rows: list[dict[str, object]]) -> list[str]:
-    """What the queued runs among ``rows`` wait for: who holds the machine's run slots (a run of this or
-    another database, its queue's pid, since when), read from the slot files; none when no run is queued."""
-    if not any(str(r["status"]).split()[0] == states.QUEUED and ORPHAN_MARK not in str(r["status"]) for r in rows):
-        return []
-    from attnres.runs.backends.slots import holders  # (psutil: only when a run is queued)
-
-    held = holders()
-    if not held:
-        return ["queued runs start as soon as their queue takes a free run slot (none is held now)"]
-    return [f"queued runs wait for a run slot; held: {h.text()}" for h in held]
 
 
 def why_notes(store: RunStore, rows: list[dict[str, object]]) -> list[str]:

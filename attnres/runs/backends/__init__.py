@@ -196,6 +196,11 @@ class Backend:
         recorded, for a backend that waits on the run's own word)."""
         raise NotImplementedError
 
+    def waits(self, runs: Sequence[RunRecord]) -> list[str]:
+        """What this backend's queued ``runs`` wait for, in lines `attnres status` prints under its table (read
+        only; none by default: a cluster's queue says it itself, in squeue)."""
+        return []
+
     def unrecorded(self, runs: Sequence[RunRecord]) -> dict[int, tuple[str, str]]:
         """The ends :meth:`reconcile` would record for this backend's active ``runs`` now, derived without a
         write: {run: (state, why)}. A running run whose process or job is gone would end failed (unless its
@@ -303,6 +308,13 @@ def unrecorded(store: RunStore) -> dict[int, tuple[str, str]]:
             found = get(name).unrecorded([r for r in runs if backend_of(r) == name])
             out |= {rid: (to, why.splitlines()[0] if why else "") for rid, (to, why) in found.items()}
     return out
+
+
+def waits(store: RunStore, run_ids: Sequence[int]) -> list[str]:
+    """What the queued runs of ``run_ids`` wait for, by each backend's own look (:meth:`Backend.waits`)."""
+    runs = [r for r in store.active_runs() if r.id in set(run_ids) and r.status == states.QUEUED]
+    return [line for name in sorted({backend_of(r) for r in runs}) if name in REGISTRY
+            for line in get(name).waits([r for r in runs if backend_of(r) == name])]
 
 
 def first_line(exc: BaseException) -> str:

@@ -35,9 +35,9 @@ from attnres import paths
 from attnres.errors import AttnresError
 from attnres.runs.backends import NoOptions, Placement, QueueStopped, Submitted
 from attnres.runs.backends.devices import threads_per_process, visible_gpus
-from attnres.runs.backends.local import LocalBackend, Waiting, claim, settle
+from attnres.runs.backends.local import LocalBackend, claim, settle
 from attnres.runs.backends.processes import kill_grace_s, process_alive
-from attnres.runs.backends.slots import Slots, holders
+from attnres.runs.backends.slots import Slots, Waiting, holders
 from attnres.tracking import states
 from attnres.tracking.run_store import RunRecord, RunStore
 from attnres.training.loop import Preemption, started_as

@@ -26,7 +26,6 @@ from pathlib import Path
 import psutil
 
 from attnres import paths
-from attnres.durations import duration
 from attnres.errors import AttnresError
 from attnres.logline import say
 from attnres.runs.backends import (
@@ -43,7 +42,7 @@ from attnres.runs.backends import (
 )
 from attnres.runs.backends.devices import gpu_driver_loaded, threads_per_process, visible_gpus
 from attnres.runs.backends.processes import detached, kill_grace_s, kill_tree, process_alive
-from attnres.runs.backends.slots import Slots
+from attnres.runs.backends.slots import Slots, Waiting, waiting
 from attnres.tracking import states
 from attnres.tracking.run_store import DatabaseError, RunRecord, RunStore
 
@@ -205,35 +204,6 @@ def claim(store: RunStore, run_ids: Sequence[int]) -> None:
                          queue_pid=os.getpid(), queue_since=since)
 
 
-class Waiting:
-    """The line a queue prints when its next run cannot start: what it waits for (who holds the slot, since
-    when), again when that changes and every ``EVERY_S`` while it lasts, so a wait is never silent."""
-
-    EVERY_S = 60.0
-
-    def __init__(self) -> None:
-        self.last: tuple | None = None
-        self.at = 0.0
-        self.since = 0.0
-
-    def say(self, run_id: int, slots: Slots) -> None:
-        busy = slots.busy()
-        key = (run_id, tuple((h.slot, h.db, h.run, h.pid) for h in busy))
-        now = time.monotonic()
-        if key == self.last and now - self.at < self.EVERY_S:
-            return
-        if self.last is None:
-            self.since = now
-        self.last, self.at = key, now
-        what = ("; ".join(h.text() for h in busy) if busy
-                else "a queue launched earlier on this machine, whose runs start first")
-        waited = f" (waiting {duration(now - self.since)})" if now - self.since >= 1 else ""
-        say(f"run {run_id} is queued: it waits for {what}{waited}")
-
-    def clear(self) -> None:
-        self.last = None
-
-
 GRACE_S = 120  # how long a stopped run may take to write its checkpoint before it is killed
 
 
@@ -341,6 +311,11 @@ class LocalBackend(Backend):
             return None
         return f"not started: its queue (pid {run.queue_pid}) is gone; `attnres resume {run.id}` (or the same " \
                "launch again) starts it"
+
+    def waits(self, runs: Sequence[RunRecord]) -> list[str]:
+        """Who holds the machine's run slots (:func:`~attnres.runs.backends.slots.waiting`), for queued runs whose
+        queue still lives."""
+        return waiting() if any(not self._orphaned(r) for r in runs) else []
 
     def unrecorded(self, runs: Sequence[RunRecord]) -> dict[int, tuple[str, str]]:
         """As every backend's, and a queued run whose queue is gone would be preempted."""

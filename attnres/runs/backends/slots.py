@@ -28,6 +28,7 @@ import psutil
 
 from attnres import paths
 from attnres.durations import duration
+from attnres.logline import say
 
 
 @dataclass(frozen=True)
@@ -165,3 +166,41 @@ class Slots:
             elif (since, path.name) < (self.started, self.ticket.name):
                 return True
         return False
+
+
+def waiting(folder: Path | None = None) -> list[str]:
+    """What a queued run waits for, in lines `attnres status` prints: who holds the machine's run slots (a run of
+    this or another database, its queue's pid, since when), or that none is held."""
+    held = holders(folder)
+    if not held:
+        return ["queued runs start as soon as their queue takes a free run slot (none is held now)"]
+    return [f"queued runs wait for a run slot; held: {h.text()}" for h in held]
+
+
+class Waiting:
+    """The line a queue prints when its next run cannot start: what it waits for (who holds the slot, since
+    when), again when that changes and every ``EVERY_S`` while it lasts, so a wait is never silent."""
+
+    EVERY_S = 60.0
+
+    def __init__(self) -> None:
+        self.last: tuple | None = None
+        self.at = 0.0
+        self.since = 0.0
+
+    def say(self, run_id: int, slots: Slots) -> None:
+        busy = slots.busy()
+        key = (run_id, tuple((h.slot, h.db, h.run, h.pid) for h in busy))
+        now = time.monotonic()
+        if key == self.last and now - self.at < self.EVERY_S:
+            return
+        if self.last is None:
+            self.since = now
+        self.last, self.at = key, now
+        what = ("; ".join(h.text() for h in busy) if busy
+                else "a queue launched earlier on this machine, whose runs start first")
+        waited = f" (waiting {duration(now - self.since)})" if now - self.since >= 1 else ""
+        say(f"run {run_id} is queued: it waits for {what}{waited}")
+
+    def clear(self) -> None:
+        self.last = None

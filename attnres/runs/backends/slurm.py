@@ -25,6 +25,11 @@ _TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
+def sbatch_script(log: Path) -> Path:
+    """The SLURM script of a run, beside its log (the backend's own file: no other part of attnres writes one)."""
+    return Path(log).with_suffix(".sbatch")
+
+
 @dataclass(frozen=True)
 class SlurmOptions:
     """What a SLURM job asks for beyond its ranks (``--nodes``, ``--gpus-per-node``, ``--partition``, ``--time``)."""
@@ -115,7 +120,7 @@ class SlurmBackend(Backend):
         for rid in run_ids:
             run = store.run(rid)
             log = Path(run.log_path) if run.log_path else paths.run_log(rid)
-            path = paths.sbatch_script(log)
+            path = sbatch_script(log)
             path.write_text(script(rid, store.url, placement, Path.cwd(), log))
             job = _run(["sbatch", "--parsable", str(path)]).split(";")[0]
             store.update_run(rid, job_id=job)
@@ -127,7 +132,7 @@ class SlurmBackend(Backend):
         check(placement)
         rid = run_id if isinstance(run_id, int) else 0  # (a dry run has no run ids: job and log named run 0)
         log = paths.run_log(rid)
-        return [f"sbatch {paths.sbatch_script(log)}:", *("    " + line for line in
+        return [f"sbatch {sbatch_script(log)}:", *("    " + line for line in
                                                          script(rid, db_url, placement, Path.cwd(), log).splitlines())]
 
     def poll(self, runs: Sequence[RunRecord]) -> dict[int, tuple[str, str]]:

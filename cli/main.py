@@ -222,7 +222,8 @@ def logs(
 @app.command()
 def status(
     watch: Annotated[bool, typer.Option("--watch", help="live grid view: variants x seeds, until Ctrl-C (piped: "
-                                        "plain lines each refresh, until no run is queued or running)")] = False,
+                                        "plain lines each refresh, until no run is queued or running with a process "
+                                        "here)")] = False,
     interval: Annotated[float, typer.Option(min=0.1, max=3600, help="--watch refresh seconds")] = 2.0,
     all_: Annotated[bool, typer.Option("--all", help="every run (default: the active and 20 most recent)")] = False,
     experiment: ExperimentOpt = None,
@@ -232,7 +233,7 @@ def status(
     """Live state of the runs: active ones and the most recent. Only reads: a run whose process is gone is shown
     so, and `attnres sync` records it."""
 
-    from attnres.runs.status import RECENT, grid_rows, live, shown
+    from attnres.runs.status import RECENT, going, grid_rows, shown
     from attnres.tracking import states
 
     if not RunStore.exists(db):  # nothing launched here yet: an empty listing, not an error (and no file made)
@@ -246,9 +247,9 @@ def status(
         try:
             while True:
                 header, rows = grid_rows(store, experiment, preset)
-                active = live(store, experiment, preset)
+                active, heading = going(store, experiment, preset)
                 widths = [max(len(r[i]) for r in [header, *rows] if i < len(r)) for i in range(len(header))]
-                console.print(f"{time.strftime('%Y-%m-%d %H:%M:%S')}  {len(active)} run(s) queued or running",
+                console.print(f"{time.strftime('%Y-%m-%d %H:%M:%S')}  {heading}",
                               markup=False, highlight=False, soft_wrap=True)
                 for row in [header, *rows]:
                     console.print(" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip(),

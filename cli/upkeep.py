@@ -107,7 +107,10 @@ def mirror_default(
 def db_upgrade(db: DbOpt = None) -> None:
     """Migrate the database to this attnres's schema in place (Alembic), keeping every run: all or nothing
     (one transaction), and a SQLite file is first copied beside it (<file>.before-upgrade-<rev>-<time>, kept)."""
-    from attnres.tracking import upgrade
+    from attnres.tracking import upgrade_database
 
-    before, after = upgrade(db, say=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
+    def say(line: str) -> None:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    before, after = upgrade_database(db, say=say)
     console.print(f"database schema: {before or 'empty'} -> {after}")

@@ -52,6 +52,8 @@ def next_cmd(
     from attnres.variants.registry import canonical
 
     kinds = plans.kinds(only)
+    if launch:  # after a crash: its dead runs end first, so the plan retries them (a read without --launch)
+        orchestrator.reconcile(store)
     asked = Asked(canonical(baseline), experiment, preset, budget, data, parse_pick(set_ or []))
     plan = next_plan(store, asked, max_seeds or plans.MAX_SEEDS, kinds)
     console.print(Text(f"What's next for {plan.scope.label()}:", style="bold"))
@@ -71,7 +73,6 @@ def next_cmd(
             console.print(f"{f'With {parts}, ' if parts else ''}`attnres next --launch` starts these {len(cells)} "
                           "run(s).")
         return
-    orchestrator.reconcile(store)  # after a crash: its dead runs end (and continue below) before planning
     requests = plan.requests(kinds, backend)
     if not requests:
         console.print("nothing to launch: every comparison is resolved, planned, waiting or beyond --max-seeds")

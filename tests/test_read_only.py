@@ -106,13 +106,17 @@ def test_status_says_what_is_not_recorded_yet_and_sync_records_it(every_state):
     got = {r["id"]: r["status"] for r in runs(every_state)}
     assert [got[1], got[2], got[3], got[queued]] == ["finished", "incomplete", "running", "queued"]
 
+    followed = cli_here("logs", "3", "-f", timeout=120)  # ends: nothing will write to it again
+    assert followed.returncode == 0 and followed.stdout.splitlines()[-1].startswith(
+        "attnres: run 3 is recorded running, but process "), followed.stdout + followed.stderr
+
     synced = cli_here("sync", check=True).stdout
     got = {r["id"]: r for r in runs(every_state)}
     assert got[1]["status"] == states.INCOMPLETE and "train_loss steps 4-6" in got[1]["message"]
     assert got[2]["status"] == states.FINISHED  # whole: finished again
     assert got[3]["status"] == states.FINISHED and got[3]["step"] == 12  # its spool's own end, not "gone"
     assert got[queued]["status"] == states.PREEMPTED
-    for rid in (1, 2, queued):
+    for rid in (1, 2, 3, queued):  # (3: its spool's own end)
         assert f"run {rid} recorded {got[rid]['status']}" in synced, synced
     again = cli_here("status", "--all", check=True).stdout
     assert "not recorded" not in again and "is recorded" not in again and "queued, but" not in again, again

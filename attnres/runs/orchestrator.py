@@ -296,14 +296,21 @@ def _found_spools(store: RunStore) -> list[Path]:
 
 def sync(store: RunStore, files: Sequence[Path] | None = None) -> tuple[list[tuple[Path, dict[str, int]]], list[int]]:
     """Ingest spools (default: every non-empty one under the logs folder) into the database, then reconcile every
-    run (:func:`reconcile`): returns each spool's counts, and the runs whose state the reconciler changed. Named
-    files are each identified as a run's spool first: one that is not refuses the whole call before anything is
-    touched."""
+    run (:func:`reconcile`): returns each spool's counts, and the runs whose state changed (a spool's own end, or
+    the reconciler's). Named files are each identified as a run's spool first: one that is not refuses the whole
+    call before anything is touched."""
     files = [store.spool_file(f) for f in files or []] or _found_spools(store)
+    before = _states(store)
     done = []
     for path in files:
         with store.recover(path) as recovered:  # not while a queue, monitor or relaunch records it
             done.append((path, recovered.counts))
     # a run whose process is gone without an end it could record (a full disk) ends; a finished run whose rows the
     # database lacks is incomplete, and an incomplete one whose rows the spools held is finished
-    return done, reconcile(store, None)
+    reconcile(store, None)
+    after = _states(store)  # (what the spools' own ends and the reconciler recorded, each run once)
+    return done, [rid for rid, state in after.items() if before.get(rid) != state]
+
+
+def _states(store: RunStore) -> dict[int, str]:
+    return {int(r["id"]): str(r["status"]) for r in store.status_runs(None, None, None)[0]}

@@ -29,6 +29,7 @@ RECENT = 20  # runs `attnres status` lists beside the active ones, unless --all
 # beside a run's recorded state, what the database does not record yet (`attnres sync` records it)
 GONE_MARK = " — process gone, end not recorded"
 ORPHAN_MARK = " — its queue is gone"
+JOB_GONE_MARK = " — its job is gone"
 HOLES_MARK = " — rows missing, not recorded incomplete"
 KEYS = ["train_loss", "eval_loss", "peak_memory_bytes"]  # (tok/s: the mean of its logged intervals)
 
@@ -94,8 +95,10 @@ def _rows(store: RunStore, runs: list[dict[str, object]], pending: Mapping[int, 
 
 def mark(status: str, run_id: int, pending: Mapping[int, tuple[str, str]], holes: Mapping[int, str]) -> str:
     """What to say beside a run's recorded state of what the database does not record yet ('' for nothing)."""
+    if run_id in pending and status == states.QUEUED:  # (its queue gone: preempted; a cluster's job gone: failed)
+        return ORPHAN_MARK if pending[run_id][0] == states.PREEMPTED else JOB_GONE_MARK
     if run_id in pending:
-        return {states.RUNNING: GONE_MARK, states.QUEUED: ORPHAN_MARK}.get(status, "")
+        return GONE_MARK if status == states.RUNNING else ""
     return HOLES_MARK if status == states.FINISHED and run_id in holes else ""
 
 
@@ -141,11 +144,15 @@ def pending_notes(rows: list[dict[str, object]], pending: Mapping[int, tuple[str
             why = pending[rid][1] or "its process is gone"
             notes.append(f"run {rid} is recorded running, but {why}: `attnres sync` records its end (the "
                          "trainer's own, from its spool, if it kept one; else failed)")
+        elif rid in pending and state == states.QUEUED and pending[rid][0] != states.PREEMPTED:
+            notes.append(f"run {rid} is recorded queued, but {pending[rid][1] or 'its job is gone'}: `attnres sync` "
+                         f"records it {pending[rid][0]}")
         elif rid in holes and state == states.FINISHED:
             notes.append(f"run {rid} is recorded finished, but the database lacks {holes[rid]}: `attnres sync` "
                          f"brings them from a spool that holds them (else records the run incomplete), "
                          f"`attnres resume {rid}` retrains them")
-    orphans = [rid for rid, state in shown.items() if rid in pending and state == states.QUEUED]
+    orphans = [rid for rid, state in shown.items()
+               if rid in pending and state == states.QUEUED and pending[rid][0] == states.PREEMPTED]
     if orphans:
         ids = " ".join(map(str, orphans))
         many = len(orphans) > 1
@@ -167,17 +174,21 @@ def waits(store: RunStore, rows: list[dict[str, object]], pending: Mapping[int, 
     return backends.waits(store, queued)
 
 
-def live(store: RunStore, experiment: str | None = None, preset: str | None = None) -> list[int]:
+def going(store: RunStore, experiment: str | None = None, preset: str | None = None) -> tuple[list[int], str]:
     """The queued and running runs (of one experiment or preset, or all) that a process here still runs or will
-    start: what `status --watch` waits for (a run whose process is gone, or one recorded elsewhere, never ends)."""
+    start, and the line `status --watch` heads each refresh with: what it waits for (a run whose process is gone,
+    or one recorded elsewhere, never ends, and is counted apart)."""
     active, _ = store.status_runs(experiment, preset, recent=0)
     if not active:
-        return []
+        return [], "0 run(s) queued or running"
     from attnres.runs.backends import REGISTRY, backend_of
 
     pending = unrecorded(store)
-    return [int(r["id"]) for r in active if int(r["id"]) not in pending
-            and backend_of(store.run(int(r["id"]))) in REGISTRY]
+    ids = [int(r["id"]) for r in active if int(r["id"]) not in pending
+           and backend_of(store.run(int(r["id"]))) in REGISTRY]
+    rest = len(active) - len(ids)
+    return ids, f"{len(ids)} run(s) queued or running" + (
+        f" ({rest} more recorded so, with no process here: not waited for)" if rest else "")
 
 
 def _cell(run: pd.Series, now: datetime, pending: Mapping[int, tuple[str, str]]) -> str:

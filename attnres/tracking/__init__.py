@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from attnres.tracking.run_store import DatabaseError, RunStore
     from attnres.tracking.spool import held
     from attnres.tracking.transfer import imported_text, read_import
-    from attnres.tracking.upgrade import upgrade
+    from attnres.tracking.upgrade import upgrade as upgrade_database
     from attnres.tracking.writer import MetricWriter
 
 #: name -> (module, attribute): the face's names beside its three modules
@@ -33,7 +33,7 @@ FACE: dict[str, tuple[str, str]] = {
     "Results": ("reads", "Results"),  # what a report reads, in one go
     "MetricWriter": ("writer", "MetricWriter"),  # a trainer's writer (a store hands it out)
     "normalize_url": ("db", "normalize_url"),  # `--db` as the URL a run records
-    "upgrade": ("upgrade", "upgrade"),  # `attnres db upgrade`
+    "upgrade_database": ("upgrade", "upgrade"),  # `attnres db upgrade` (not `upgrade`: the module's name)
     "read_import": ("transfer", "read_import"),  # an import file, checked before the database is opened
     "imported_text": ("transfer", "imported_text"),
     "held": ("spool", "held"),  # a run's spool lock (one sender of a run at a time)
@@ -45,7 +45,7 @@ FACE: dict[str, tuple[str, str]] = {
 __all__ = [  # (the modules, and FACE's names)
     "DatabaseError", "MetricWriter", "Results", "RunRecord", "RunStore", "StudyRecord", "check_server", "held",
     "imported_text", "normalize_url", "raw_sqlite_insert_s", "read_import", "records", "run_store",
-    "scratch_database", "states", "upgrade", "wait_for_on_end",
+    "scratch_database", "states", "upgrade_database", "wait_for_on_end",
 ]
 
 

@@ -15,8 +15,8 @@ Who may do what (``actor``: the part of attnres that makes the change)::
                 the trainer's process    without recording an end; queued -> preempted when the
                                          queue is stopped (Ctrl-C) before the run started;
                                          finished <-> incomplete as its rows are all in or not
-    monitor     attnres status, sync     queued/running -> failed when the process is gone, its
-                                         heartbeat stopped or its SLURM job vanished; queued ->
+    monitor     the reconciler (sync,    queued/running -> failed when the process is gone, its
+                launch, resume first)    heartbeat stopped or its SLURM job vanished; queued ->
                                          preempted when its queue is gone; finished <-> incomplete
     user        attnres kill             queued/running/preempted -> killed
     importer    attnres import           creates runs in any state (they were recorded elsewhere)

@@ -170,8 +170,9 @@ class Backend:
 
     def logs(self, store: RunStore, run: RunRecord, lines: int = 40, follow: bool = False) -> Iterator[str]:
         """The last ``lines`` lines of the run's log, then (``follow``) new ones until the run is no longer
-        queued or running. The log is the file the run records (its job's output file on a cluster: on a
-        file system this machine shares). AttnresError when there is none (yet, or any more)."""
+        queued or running with a process or job to write it (a gone one, its end not recorded yet, ends the follow
+        with one line: `attnres sync` records it). The log is the file the run records (its job's output file on a
+        cluster: on a file system this machine shares). AttnresError when there is none (yet, or any more)."""
         path = Path(run.log_path) if run.log_path else None
         if path is None or not path.exists():
             started = run.started_at is not None or run.exit_code is not None
@@ -184,6 +185,11 @@ class Backend:
                     yield line.rstrip("\n")
                     continue
                 if store.status_of(run.id) not in states.ACTIVE:
+                    return
+                if (gone := self.unrecorded([store.run(run.id)]).get(run.id)) is not None:
+                    why = gone[1].splitlines()[0] if gone[1] else "its process is gone"
+                    yield f"attnres: run {run.id} is recorded {store.status_of(run.id)}, but {why}: `attnres sync` " \
+                          f"records it {gone[0]}"
                     return
                 time.sleep(0.5)
 

@@ -233,7 +233,7 @@ def status(
     """Live state of the runs: active ones and the most recent. Only reads: a run whose process is gone is shown
     so, and `attnres sync` records it."""
 
-    from attnres.runs.status import RECENT, going, grid_rows, shown
+    from attnres.runs.status import RECENT, going, grid_rows, shown, unrecorded
     from attnres.tracking import states
 
     if not RunStore.exists(db):  # nothing launched here yet: an empty listing, not an error (and no file made)
@@ -246,8 +246,9 @@ def status(
         # queued or running with a process here to run it, so the pipe does too
         try:
             while True:
-                header, rows = grid_rows(store, experiment, preset)
-                active, heading = going(store, experiment, preset)
+                pending = unrecorded(store)  # (one look at the processes a refresh)
+                header, rows = grid_rows(store, experiment, preset, pending)
+                active, heading = going(store, experiment, preset, pending)
                 widths = [max(len(r[i]) for r in [header, *rows] if i < len(r)) for i in range(len(header))]
                 console.print(f"{time.strftime('%Y-%m-%d %H:%M:%S')}  {heading}",
                               markup=False, highlight=False, soft_wrap=True)

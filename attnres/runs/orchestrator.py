@@ -273,9 +273,8 @@ def reconcile(store: RunStore, check: Sequence[int] | None = ()) -> list[int]:
     queued runs whose queue is gone are preempted, and the finished runs of ``check`` (None: every finished and
     incomplete run) are checked whole: incomplete with their holes named, or finished again. Called by the write
     verbs (launch, resume, ``next --launch``, a study) and ``attnres sync`` (the queue, each run's supervisor,
-    settles its own runs); never
-    by a read verb, which derives the same from :func:`attnres.runs.backends.unrecorded` and shows it. Returns the
-    runs whose state changed."""
+    settles its own runs); never by a read verb, which derives the same from
+    :func:`attnres.runs.backends.unrecorded` and shows it. Returns the runs whose state changed."""
     changed = backends.reconcile(store)
     if check is None or check:
         changed += store.recheck(states.MONITOR, check)

@@ -174,18 +174,19 @@ def waits(store: RunStore, rows: list[dict[str, object]], pending: Mapping[int, 
     return backends.waits(store, queued)
 
 
-def going(store: RunStore, experiment: str | None = None, preset: str | None = None) -> tuple[list[int], str]:
+def going(store: RunStore, experiment: str | None = None, preset: str | None = None,
+          pending: Mapping[int, tuple[str, str]] | None = None) -> tuple[list[int], str]:
     """The queued and running runs (of one experiment or preset, or all) that a process here still runs or will
     start, and the line `status --watch` heads each refresh with: what it waits for (a run whose process is gone,
-    or one recorded elsewhere, never ends, and is counted apart)."""
+    or one recorded elsewhere, never ends, and is counted apart). ``pending``: :func:`unrecorded`, if at hand."""
     active, _ = store.status_runs(experiment, preset, recent=0)
     if not active:
         return [], "0 run(s) queued or running"
     from attnres.runs.backends import REGISTRY, backend_of
 
-    pending = unrecorded(store)
-    ids = [int(r["id"]) for r in active if int(r["id"]) not in pending
-           and backend_of(store.run(int(r["id"]))) in REGISTRY]
+    pending = unrecorded(store) if pending is None else pending
+    watched = {r.id for r in store.active_runs() if backend_of(r) in REGISTRY}  # (an imported run: none here)
+    ids = [int(r["id"]) for r in active if int(r["id"]) not in pending and int(r["id"]) in watched]
     rest = len(active) - len(ids)
     return ids, f"{len(ids)} run(s) queued or running" + (
         f" ({rest} more recorded so, with no process here: not waited for)" if rest else "")
@@ -206,11 +207,12 @@ def _cell(run: pd.Series, now: datetime, pending: Mapping[int, tuple[str, str]])
     return text
 
 
-def grid_rows(store: RunStore, experiment: str | None = None,
-              preset: str | None = None) -> tuple[list[str], list[list[str]]]:
-    """Variant rows x seed columns (per experiment); each cell is the latest run of that pair. Read only."""
+def grid_rows(store: RunStore, experiment: str | None = None, preset: str | None = None,
+              pending: Mapping[int, tuple[str, str]] | None = None) -> tuple[list[str], list[list[str]]]:
+    """Variant rows x seed columns (per experiment); each cell is the latest run of that pair. Read only.
+    ``pending``: :func:`unrecorded`, if at hand."""
     runs = store.runs_frame(experiment=experiment, preset=preset)  # (the ORM and pandas: not `attnres status`'s)
-    pending = unrecorded(store)
+    pending = unrecorded(store) if pending is None else pending
     now = states.now()
     if runs.empty:
         return ["variant"], [["no runs yet"]]

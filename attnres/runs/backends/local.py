@@ -325,8 +325,8 @@ class LocalBackend(Backend):
         """As every backend's, and a queued run whose queue is gone is preempted (`attnres resume` and a relaunch
         continue it), instead of waiting forever for a queue that will never start it."""
         dead = super().reconcile(store, runs, errors)
-        for run in [r for r in runs if self._orphaned(r)]:
-            if self.tried(errors, store.move, run.id, states.PREEMPTED, states.MONITOR, message=self._orphaned(run),
+        for run, why in [(r, w) for r in runs if (w := self._orphaned(r))]:  # (one look at each queue)
+            if self.tried(errors, store.move, run.id, states.PREEMPTED, states.MONITOR, message=why,
                           where={"queue_pid": run.queue_pid, "status": states.QUEUED}):
                 dead.append(run.id)
         return dead

@@ -27,7 +27,8 @@ from attnres.cli.bars import RunBars
 from attnres.cli.render import show_cell, submit
 from attnres.errors import AttnresError
 from attnres.runs import DEFAULT_BACKEND
-from attnres.tracking.run_store import DatabaseError, RunStore
+from attnres.tracking import is_database_error
+from attnres.tracking.run_store import RunStore
 
 if TYPE_CHECKING:
     from attnres.runs.backends import Placement, Submitted
@@ -239,7 +240,7 @@ def status(
     if not RunStore.exists(db):  # nothing launched here yet: an empty listing, not an error (and no file made)
         console.print("no runs yet: start one with `attnres launch standard --seeds 42`")
         return
-    store = RunStore(db, create=False, busy_s=1.0)  # shows what it can read now; never waits on a lock
+    store = RunStore(db, create=False, busy_s=1.0, quick=True)  # reads what it can now; never waits on a lock
     if watch and not console.is_terminal:
         # piped (`| tee`, a log, CI): a live view's cursor movement would be garbage there, so each refresh is a
         # time line and the grid's rows as plain aligned text; it ends by itself once no run in the view is
@@ -312,16 +313,16 @@ def main() -> None:
     except AttnresError as exc:
         err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
-    except DatabaseError as exc:
-        msg = str(getattr(exc, "orig", None) or exc).splitlines()[0]
-        err.print(f"error: database: {msg}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(2)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
         err.print("aborted")
         sys.exit(130)
     except Exception as exc:  # click usage errors come through here in non-standalone mode
+        if is_database_error(exc):
+            msg = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+            err.print(f"error: database: {msg}", markup=False, highlight=False, soft_wrap=True)
+            sys.exit(2)
         # typer may vendor its own click: recognise its usage errors by class name, not by import
         if any(c.__name__ == "ClickException" for c in type(exc).__mro__):
             ctx = getattr(exc, "ctx", None)

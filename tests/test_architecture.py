@@ -126,7 +126,7 @@ def outside_tracking() -> dict[str, ast.Module]:
 
 def test_database_access_lives_in_tracking():
     """SQLAlchemy (and sqlite3, the drivers, Alembic) are imported by attnres/tracking/ only: not even the Engine
-    type or an error class (a store raises :data:`attnres.tracking.run_store.DatabaseError`)."""
+    type or an error class (a store raises :data:`attnres.tracking.DatabaseError`)."""
     offenders = {}
     for name, tree in outside_tracking().items():
         hits = sorted(i for i in imports_of(name, tree, with_base=False)

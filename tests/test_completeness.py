@@ -43,16 +43,19 @@ def test_holes_are_found_whatever_else_the_curve_holds(tmp_path):
         missing = {(k, s) for k, spans in found.items() for a, b in spans for s in (a, b)}
         assert missing == drop, (run_id, found, drop)  # (each dropped step is a range of its own here)
     # a whole curve is judged by its count alone: the statement counts exactly its schedule's steps
+    # (the same statement through the engine and on status's read-only sqlite3 connection)
     from attnres.tracking.completeness import ON_SCHEDULE, schedule
+    from attnres.tracking.quick_reads import EngineReads, open_sqlite
 
     whole = next(r for r, drop in cases if not drop)
     plan = schedule(store.run(whole).config_json, LAST)
     every = {"train_loss": 1, "eval_loss": 5}  # (the first case's intervals)
-    with get_engine(f"sqlite:///{tmp_path}/runs.db").connect() as conn:
+    url = f"sqlite:///{tmp_path}/runs.db"
+    for reads in (EngineReads(get_engine(url)), open_sqlite(url, 1.0)):
         for key, want in plan.items():
-            counted = conn.execute(ON_SCHEDULE, {"run": whole, "key": key, "first": min(want), "last": LAST,
-                                                 "every": every[key]}).scalar_one()
-            assert counted == len(want), key
+            counted = reads.all(ON_SCHEDULE, {"run": whole, "key": key, "first": min(want), "last": LAST,
+                                              "every": every[key]})
+            assert counted == [(len(want),)], (reads, key)
     rows = [{"id": r, "status": states.FINISHED, "total_steps": LAST, "config_json": store.run(r).config_json}
             for r, _ in cases]
     changed = store.check_complete(rows, states.MONITOR)

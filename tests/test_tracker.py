@@ -103,16 +103,21 @@ def test_status_lists_the_active_runs_and_the_most_recent_with_their_latest_valu
 
 
 @pytest.mark.integration
-def test_status_and_variants_answer_without_torch_or_pandas(engine, tmp_path):
-    """Nor does status of ended runs load the ORM (0.3 s of its second): only an active run's check does."""
+def test_status_and_variants_answer_without_torch_pandas_or_sqlalchemy(engine, tmp_path):
+    """Nor does status of ended runs import SQLAlchemy (half its second): over a SQLite file of this schema it
+    reads on a read-only sqlite3 connection (only an active run's check opens the engine)."""
     new_run(engine, status=states.KILLED)
+    with sqlite3.connect(tmp_path / "runs.db") as conn:  # (a name as imports accept it: shown as it is)
+        conn.execute("update runs set experiment = 'x[/bold]y'")
     probe = ("import sys\nfrom attnres.cli.main import main\nsys.argv = ['attnres', *sys.argv[1:]]\n"
              "try:\n    main()\nexcept SystemExit:\n    pass\n"
-             "print('LOADED', sorted(m for m in ('torch', 'pandas', 'numpy', 'sqlalchemy.orm') if m in sys.modules))")
+             "print('LOADED', sorted(m for m in ('torch', 'pandas', 'numpy', 'sqlalchemy') if m in sys.modules))")
     for args in (["status", "--db", str(tmp_path / "runs.db")], ["variants"]):
         out = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, check=True,
                              env={**os.environ, "COLUMNS": "250"}).stdout
         assert "LOADED []" in out, (args, out[-500:])
+        if args[0] == "status":
+            assert "x[/bold]y" in out and "killed" in out, out
     assert "block_gqa_depth" in out and "1-3" in out  # the listing with its depth sources, from the configs
 
 
@@ -120,8 +125,8 @@ def test_the_status_reads_name_only_columns_of_the_schema():
     from attnres.tracking import listing
     from attnres.tracking.schema import Base
 
-    for t in (listing.RUNS, listing.METRICS, listing.METRIC_KEYS):
-        assert set(t.c.keys()) <= set(Base.metadata.tables[t.name].c.keys()), t.name
+    for name, columns in listing.NAMED.items():
+        assert set(columns) <= set(Base.metadata.tables[name].c.keys()), name
 
 
 def test_status_cli_says_how_many_runs_it_left_out(workdir):
@@ -261,9 +266,38 @@ def test_the_paper_scale_study_fills_a_scratch_database_on_the_server_and_drops_
         keys = depth_keys("full_attnres")
         assert got == {"paper_runs": 4, "paper_metric_rows": 4 * (50 * 5 + 3), "paper_depth_rows": 2 * 3 * len(keys)}
         assert sorted(store.depth_steps(runs[2].id)) == [0, 250, 500]
+        rows, total = status_rows(store, recent=2)  # (status's plain SQL, on PostgreSQL through the engine)
+        assert total == 4 and [(r["run"], r["step"], r["eval loss"] != "—") for r in rows] == [
+            (3, "500/500", True), (4, "500/500", True)]
+        with get_engine(url).begin() as conn:  # a hole status names: the `%` of its count, on PostgreSQL
+            conn.execute(text("delete from metrics where run_id = 2 and step between 100 and 120 and key_id = "
+                              "(select id from metric_keys where name = 'train_loss')"))
+        assert store.missing([{"id": 2, "status": "finished", "total_steps": 500,
+                               "config_json": runs[1].config_json}]) == {2: "train_loss steps 100-120"}
         store.close()
     admin = create_engine(server)
     with admin.connect() as conn:
         left = conn.execute(text("select count(*) from pg_database where datname = :n"), {"n": name}).scalar_one()
     admin.dispose()
     assert left == 0
+
+
+def test_status_reads_a_current_file_read_only_and_leaves_any_other_to_the_engines_checks(engine, tmp_path):
+    from attnres.tracking import DatabaseError
+    from attnres.tracking.quick_reads import open_sqlite
+
+    new_run(engine, status=states.KILLED)
+    url = f"sqlite:///{tmp_path}/runs.db"
+    reads = open_sqlite(url, 1.0)
+    assert reads is not None and reads.all("select status from runs") == [("killed",)]
+    with pytest.raises(DatabaseError, match="readonly"):  # (nothing can be written through it)
+        reads.all("update runs set status = 'failed'")
+    reads.close()
+    assert cli_here("status", "--db", tmp_path / "runs.db", check=True).stdout.count("killed") == 1
+    old = tmp_path / "old.db"
+    database_at(old, "0004")  # an older schema: the engine says what to do, and nothing is changed
+    before = old.read_bytes()
+    assert open_sqlite(f"sqlite:///{old}", 1.0) is None
+    out = cli_here("status", "--db", old)
+    assert out.returncode == 2 and "attnres db upgrade" in out.stderr and old.read_bytes() == before
+    assert open_sqlite(f"sqlite:///{tmp_path}/none.db", 1.0) is None and not (tmp_path / "none.db").exists()

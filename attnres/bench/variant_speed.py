@@ -182,7 +182,7 @@ def store_session(store: RunStore, rows: list[dict[str, object]], preset: str, o
     """Keep a bench's rows in the database as one session (:mod:`attnres.tracking.speed`): a report takes a
     variant's speed cost from the newest one on the runs' device when the runs trained under different
     conditions. Returns the session's number."""
-    from attnres.tracking.run_store import DatabaseError
+    from attnres.tracking import DatabaseError
 
     first = rows[0]
     try:

@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING
 from attnres import depth_keys, mirrors
 from attnres.config import flatten
 from attnres.logline import say
-from attnres.tracking import held, states
-from attnres.tracking.run_store import DatabaseError
+from attnres.tracking import DatabaseError, held, states
 
 if TYPE_CHECKING:
     from attnres.tracking.run_store import RunRecord, RunStore

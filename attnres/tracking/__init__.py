@@ -14,25 +14,27 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from attnres.tracking.bench_anchor import check_server, raw_sqlite_insert_s, scratch_database
-    from attnres.tracking.db import normalize_url
+    from attnres.tracking.failures import DatabaseError, is_database_error
     from attnres.tracking.on_end import wait as wait_for_on_end
     from attnres.tracking.reads import Results
     from attnres.tracking.records import RunRecord, StudyRecord
-    from attnres.tracking.run_store import DatabaseError, RunStore
+    from attnres.tracking.run_store import RunStore
     from attnres.tracking.spool import held
     from attnres.tracking.transfer import imported_text, read_import
     from attnres.tracking.upgrade import upgrade as upgrade_database
+    from attnres.tracking.urls import normalize_url
     from attnres.tracking.writer import MetricWriter
 
 #: name -> (module, attribute): the face's names beside its three modules
 FACE: dict[str, tuple[str, str]] = {
     "RunStore": ("run_store", "RunStore"),  # the one door to the database
-    "DatabaseError": ("run_store", "DatabaseError"),
+    "DatabaseError": ("failures", "DatabaseError"),
+    "is_database_error": ("failures", "is_database_error"),  # the same, asked without importing SQLAlchemy
     "RunRecord": ("records", "RunRecord"),
     "StudyRecord": ("records", "StudyRecord"),
     "Results": ("reads", "Results"),  # what a report reads, in one go
     "MetricWriter": ("writer", "MetricWriter"),  # a trainer's writer (a store hands it out)
-    "normalize_url": ("db", "normalize_url"),  # `--db` as the URL a run records
+    "normalize_url": ("urls", "normalize_url"),  # `--db` as the URL a run records
     "upgrade_database": ("upgrade", "upgrade"),  # `attnres db upgrade` (not `upgrade`: the module's name)
     "read_import": ("transfer", "read_import"),  # an import file, checked before the database is opened
     "imported_text": ("transfer", "imported_text"),
@@ -44,7 +46,7 @@ FACE: dict[str, tuple[str, str]] = {
 }
 __all__ = [  # (the modules, and FACE's names)
     "DatabaseError", "MetricWriter", "Results", "RunRecord", "RunStore", "StudyRecord", "check_server", "held",
-    "imported_text", "normalize_url", "raw_sqlite_insert_s", "read_import", "records", "run_store",
+    "imported_text", "is_database_error", "normalize_url", "raw_sqlite_insert_s", "read_import", "records", "run_store",
     "scratch_database", "states", "upgrade_database", "wait_for_on_end",
 ]
 

@@ -8,28 +8,29 @@ counted against that schedule; a run with a hole becomes ``incomplete``, the mis
 ``attnres resume`` retrains them (from the last checkpoint before the first hole, else from step 0); a sync
 that brings the rows marks it finished again.
 
-SQLAlchemy Core only (``attnres status`` must not load the ORM): the state change imports it when needed.
+Plain SQL (:mod:`attnres.tracking.quick_reads`: ``attnres status`` counts on a read-only SQLite connection, without
+SQLAlchemy's import); the state change imports the ORM when needed.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
-from sqlalchemy import Engine, bindparam, column, func, or_, select, table
-
+from attnres.tracking.quick_reads import EngineReads, Reads, in_list
 from attnres.tracking.states import FINISHED, INCOMPLETE
 
-RUNS = table("runs", column("id"), column("status"), column("total_steps"), column("config_json"))
-METRICS = table("metrics", column("run_id"), column("key_id"), column("step"))
-METRIC_KEYS = table("metric_keys", column("id"), column("name"))
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
 KEYS = ("train_loss", "eval_loss")
-_M, _K = METRICS.c, METRIC_KEYS.c
-# a key's steps on its schedule in [first, last]: made once, run with each run's numbers (`status --all` runs it
-# twice per finished run)
-ON_SCHEDULE = select(func.count()).select_from(METRICS.join(METRIC_KEYS, _M.key_id == _K.id)).where(
-    _M.run_id == bindparam("run"), _K.name == bindparam("key"), _M.step.between(bindparam("first"), bindparam("last")),
-    or_((_M.step % bindparam("every")) == 0, _M.step == bindparam("last")))
+_FROM = ("FROM metrics JOIN metric_keys ON metrics.key_id = metric_keys.id"
+         " WHERE metrics.run_id = :run AND metric_keys.name = :key")
+# a key's steps on its schedule in [first, last] (`status --all` counts them twice per finished run)
+ON_SCHEDULE = (f"SELECT count(*) {_FROM} AND metrics.step BETWEEN :first AND :last"
+               " AND (metrics.step % :every = 0 OR metrics.step = :last)")
+STEPS = f"SELECT metrics.step {_FROM}"
 
 
 def intervals(config_json: str | None) -> dict[str, int] | None:
@@ -68,7 +69,7 @@ def ranges(steps: Iterable[int], expected: Sequence[int]) -> list[tuple[int, int
     return out
 
 
-def holes(engine: Engine, run_id: int, config_json: str | None, last: int) -> dict[str, list[tuple[int, int]]]:
+def holes(reads: Reads, run_id: int, config_json: str | None, last: int) -> dict[str, list[tuple[int, int]]]:
     """Each key's missing ranges of steps for a run that reached ``last`` ({}: complete, or not ours to judge).
 
     A key is first counted in the database: its on-schedule steps (a multiple of its interval, or the last step;
@@ -78,19 +79,15 @@ def holes(engine: Engine, run_id: int, config_json: str | None, last: int) -> di
     every = intervals(config_json)
     if every is None:
         return {}
-    m, k = METRICS.c, METRIC_KEYS.c
     out = {}
-    with engine.connect() as conn:
-        for key, want in _steps(every, last).items():
-            count = conn.execute(ON_SCHEDULE, {"run": run_id, "key": key, "first": min(want), "last": last,
-                                               "every": every[key]}).scalar_one()
-            if count == len(want):
-                continue
-            q = select(m.step).select_from(METRICS.join(METRIC_KEYS, m.key_id == k.id)).where(m.run_id == run_id,
-                                                                                           k.name == key)
-            have = {int(s) for (s,) in conn.execute(q).all()}
-            if want - have:
-                out[key] = ranges(want - have, sorted(want))
+    for key, want in _steps(every, last).items():
+        count = reads.all(ON_SCHEDULE, {"run": run_id, "key": key, "first": min(want), "last": last,
+                                        "every": every[key]})[0][0]
+        if count == len(want):
+            continue
+        have = {int(s) for (s,) in reads.all(STEPS, {"run": run_id, "key": key})}
+        if want - have:
+            out[key] = ranges(want - have, sorted(want))
     return out
 
 
@@ -104,13 +101,13 @@ def text(found: dict[str, list[tuple[int, int]]]) -> str:
                      for key, r in found.items())
 
 
-def missing(engine: Engine, rows: Iterable[dict[str, object]]) -> dict[int, dict[str, list[tuple[int, int]]]]:
+def missing(reads: Reads, rows: Iterable[dict[str, object]]) -> dict[int, dict[str, list[tuple[int, int]]]]:
     """The holes of each finished or incomplete run among ``rows`` (id, status, total_steps, config_json) that has
     some: what :func:`check` would judge, read only (what `attnres status` shows of a hole not recorded yet)."""
     out = {}
     for r in rows:
         if r["status"] in (FINISHED, INCOMPLETE):
-            found = holes(engine, int(r["id"]), r.get("config_json"), int(r["total_steps"]))
+            found = holes(reads, int(r["id"]), r.get("config_json"), int(r["total_steps"]))
             if found:
                 out[int(r["id"])] = found
     return out
@@ -126,7 +123,7 @@ def check(engine: Engine, rows: Iterable[dict[str, object]], actor: str) -> list
     """Mark finished runs among ``rows`` (id, status, total_steps, config_json) with holes ``incomplete``, and
     incomplete ones whose rows are all in again ``finished``; returns the runs whose state changed."""
     rows = [r for r in rows if r["status"] in (FINISHED, INCOMPLETE)]
-    found = missing(engine, rows)
+    found = missing(EngineReads(engine), rows)
     changed = []
     for r in rows:
         rid = int(r["id"])
@@ -147,9 +144,11 @@ def check(engine: Engine, rows: Iterable[dict[str, object]], actor: str) -> list
 def recheck(engine: Engine, actor: str, run_ids: Iterable[int] | None = None) -> list[int]:
     """:func:`check` over every finished and incomplete run (or those of ``run_ids``): a finished run whose rows
     are lost is incomplete, an incomplete one whose rows came back (a sync) finished."""
-    q = select(RUNS).where(RUNS.c.status.in_([FINISHED, INCOMPLETE]))
+    q = f"SELECT id, status, total_steps, config_json FROM runs WHERE status IN ('{FINISHED}', '{INCOMPLETE}')"  # noqa: S608
+    params: dict[str, object] = {}
     if run_ids is not None:
-        q = q.where(RUNS.c.id.in_(list(run_ids)))
-    with engine.connect() as conn:
-        rows = [dict(r._mapping) for r in conn.execute(q).all()]
+        ids, params = in_list("run", list(run_ids))
+        q += f" AND id IN ({ids})"  # (placeholders; values bound)
+    rows = [dict(zip(("id", "status", "total_steps", "config_json"), r, strict=True))
+            for r in EngineReads(engine).all(q, params)]
     return check(engine, rows, actor)

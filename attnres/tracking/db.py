@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -10,58 +9,19 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.exc import ArgumentError, DatabaseError, OperationalError
 
-from attnres import paths
 from attnres.errors import AttnresError
+from attnres.tracking.urls import (  # noqa: F401 - re-exported: where the database is
+    HEAD,
+    busy_timeout_s,
+    default_url,
+    exists,
+    normalize_url,
+    public_url,
+    sqlite_path,
+)
 
 if TYPE_CHECKING:
     from alembic.config import Config as AlembicConfig
-
-
-def default_url() -> str:
-    """``$ATTNRES_DB`` or ``./runs.db``."""
-    return paths.default_db()
-
-
-def normalize_url(db: str | None) -> str:
-    """Accept a SQLAlchemy URL or a plain file path (taken as SQLite); reject what does not parse."""
-    db = db or default_url()
-    if "://" not in db:
-        return f"sqlite:///{Path(db).expanduser().resolve()}"
-    from sqlalchemy.engine import make_url
-
-    try:
-        url = make_url(db)
-    except ArgumentError:
-        raise AttnresError(f"--db '{db}' is not a database URL (e.g. sqlite:///runs.db, "
-                           "postgresql+psycopg://user@host/db)") from None
-    if url.drivername.startswith("sqlite") and url.database and url.database != ":memory:":
-        url = url.set(database=str(Path(url.database).expanduser().resolve()))
-    return url.render_as_string(hide_password=False)
-
-
-def public_url(url: str) -> str:
-    """A database URL without user name or password (what shared documents may show)."""
-    from sqlalchemy.engine import URL, make_url
-
-    u = make_url(url)
-    return URL.create(u.drivername, host=u.host, port=u.port, database=u.database, query=u.query).render_as_string()
-
-
-def sqlite_path(db: str | None) -> Path | None:
-    """The file of a SQLite database URL or path (None for other databases)."""
-    url = normalize_url(db)
-    return Path(url.split("///", 1)[1]) if url.startswith("sqlite") and "///" in url else None
-
-
-def exists(db: str | None) -> bool:
-    """Whether there is a database to read: a SQLite file must exist; a server database is assumed to."""
-    path = sqlite_path(db)
-    return path is None or path.exists()
-
-
-def busy_timeout_s() -> float:
-    """How long a SQLite writer waits for a lock before 'database is locked' ($ATTNRES_DB_BUSY_TIMEOUT)."""
-    return float(os.environ.get("ATTNRES_DB_BUSY_TIMEOUT", "60"))
 
 
 def _sqlite_pragmas(busy_s: float) -> Callable[..., None]:
@@ -162,8 +122,6 @@ def check_location(engine: Engine) -> None:
         engine.dispose()
         _FILES[id(engine)] = now
 
-
-HEAD = "0011"  # the newest Alembic revision under migrations/versions
 
 # What each revision adds that can be seen in a SQLite file: columns of ``runs``, and tables or indexes (by
 # name); a new migration adds its line. An upgrade by an earlier attnres committed the first migration's

@@ -8,24 +8,26 @@ a run's life (:mod:`~attnres.tracking.lifecycle`), the three run listings (``sta
 Core-only path of ``attnres status``; ``runs_frame``, every column; ``run_table``, what reports group),
 completeness, launches, studies, mirrors, benchmarks, depth maps, results, export and import.
 
-Modules are imported where a method needs them: ``attnres status`` opens a store and reads its listing
-without the ORM or pandas (:mod:`attnres.tracking.listing`).
+Modules are imported where a method needs them: ``attnres status`` opens a ``quick`` store and reads its listing
+without SQLAlchemy, the ORM or pandas (:mod:`attnres.tracking.listing`, on a read-only SQLite connection where it
+can: :mod:`attnres.tracking.quick_reads`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.exc import SQLAlchemyError
-
-from attnres.tracking import db, listing
+from attnres.tracking import listing, urls
+from attnres.tracking.quick_reads import EngineReads, Reads, SqliteReads, open_sqlite
 from attnres.tracking.records import RunRecord
 
 if TYPE_CHECKING:
     import pandas as pd
+    from sqlalchemy import Engine
 
     from attnres.config import RunConfig
     from attnres.tracking.lifecycle import Recovery
@@ -34,20 +36,34 @@ if TYPE_CHECKING:
     from attnres.tracking.studies import Studies
     from attnres.tracking.writer import MetricWriter
 
-#: what a store raises when its database cannot answer (away, locked past its wait, refused)
-DatabaseError = SQLAlchemyError
-
 
 class RunStore:
     """The tracking database at ``url`` (a SQLAlchemy URL or a SQLite file path; default ``$ATTNRES_DB``).
 
-    ``create`` off: a missing SQLite file is an error, not a new database (the read verbs). ``busy_s``:
-    how long a statement waits for another process's lock (a command that must answer at once gives less).
-    Stores of one database share its engine (one pool per process)."""
+    ``create`` off: a missing SQLite file is an error, not a new database (the read verbs). ``busy_s``: how long a
+    statement waits for another process's lock (a command that must answer at once gives less). Stores of one
+    database share its engine (one pool per process). ``quick`` (``attnres status``): over a SQLite file of this
+    attnres's schema, the listing's reads run on a read-only connection (:mod:`~attnres.tracking.quick_reads`) and
+    the engine, SQLAlchemy with it, opens when another method needs it; elsewhere it opens now, as without."""
 
-    def __init__(self, url: str | None = None, *, create: bool = True, busy_s: float | None = None) -> None:
-        self.url = db.normalize_url(url)
-        self._engine = db.get_engine(url, create=create, busy_s=busy_s)
+    def __init__(self, url: str | None = None, *, create: bool = True, busy_s: float | None = None,
+                 quick: bool = False) -> None:
+        self.url = urls.normalize_url(url)
+        self._opening = (url, create, busy_s)
+        self._quick = open_sqlite(self.url, urls.busy_timeout_s() if busy_s is None else busy_s) if quick else None
+        if self._quick is None:
+            _ = self._engine  # (opened now: a database that cannot be used is said at once, a new one made)
+
+    @cached_property
+    def _engine(self) -> Engine:
+        from attnres.tracking import db
+
+        url, create, busy_s = self._opening
+        return db.get_engine(url, create=create, busy_s=busy_s)
+
+    @property
+    def _reads(self) -> Reads:  # where the listing's statements run: a quick store's connection, else the engine
+        return self._quick if self._quick is not None else EngineReads(self._engine)
 
     def __repr__(self) -> str:
         return f"RunStore({self.public_url!r})"
@@ -55,18 +71,18 @@ class RunStore:
     @staticmethod
     def exists(url: str | None) -> bool:
         """Whether there is a database to read at ``url`` (a server database is assumed to be there)."""
-        return db.exists(url)
+        return urls.exists(url)
 
     # -- where it is ----------------------------------------------------------------------------------
     @property
     def public_url(self) -> str:
         """The URL without user name or password (it goes into shared documents)."""
-        return db.public_url(self.url)
+        return urls.public_url(self.url)
 
     @property
     def is_default(self) -> bool:
         """Whether this is the database commands use without ``--db``."""
-        return self.url == db.normalize_url(None)
+        return self.url == urls.normalize_url(None)
 
     def database_id(self) -> str:
         """A short digest of where the database is (a run's identity in a mirror is its id and this)."""
@@ -81,15 +97,23 @@ class RunStore:
 
     def check_location(self) -> None:
         """Raise OSError when a SQLite database's file is gone (a replaced one is opened anew)."""
+        from attnres.tracking import db
+
         db.check_location(self._engine)
 
     def close(self) -> None:
         """Close the pooled connections (a process about to leave, or to fork)."""
-        self._engine.dispose()
+        if isinstance(self._quick, SqliteReads):
+            self._quick.close()
+            self._quick = None
+        if "_engine" in self.__dict__:  # (a quick store may never have opened one)
+            self._engine.dispose()
 
     @staticmethod
     def forget_all() -> None:
         """Drop every database this process opened (temporary ones deleted; a schema an upgrade changed)."""
+        from attnres.tracking import db
+
         db.forget_engines()
 
     # -- runs -----------------------------------------------------------------------------------------
@@ -207,9 +231,9 @@ class RunStore:
     # -- the three run listings -----------------------------------------------------------------------
     def status_runs(self, experiment: str | None = None, preset: str | None = None,
                     recent: int | None = None) -> tuple[list[dict[str, object]], int]:
-        """What ``attnres status`` lists (active runs and the ``recent`` last), and how many match: SQLAlchemy
-        Core alone, no ORM, no pandas (:mod:`attnres.tracking.listing`)."""
-        return listing.status_runs(self._engine, experiment, preset, recent)
+        """What ``attnres status`` lists (active runs and the ``recent`` last), and how many match: plain SQL, no
+        ORM, no pandas (:mod:`attnres.tracking.listing`)."""
+        return listing.status_runs(self._reads, experiment, preset, recent)
 
     def runs_frame(self, statuses: Sequence[str] | None = None, experiment: str | None = None,
                    preset: str | None = None) -> pd.DataFrame:
@@ -233,19 +257,19 @@ class RunStore:
 
     def latest_values(self, run_ids: Sequence[int], keys: Sequence[str]) -> dict[int, dict[str, float]]:
         """Each run's last value of each key (status's columns)."""
-        return listing.latest_values(self._engine, run_ids, keys)
+        return listing.latest_values(self._reads, run_ids, keys)
 
     def mean_values(self, run_ids: Sequence[int], keys: Sequence[str]) -> dict[int, dict[str, float]]:
         """Each run's mean of each key over its logged values (status's tok/s, as a report gives it)."""
-        return listing.mean_values(self._engine, run_ids, keys)
+        return listing.mean_values(self._reads, run_ids, keys)
 
     def any_active(self) -> bool:
         """Whether some run is queued or running."""
-        return listing.any_active(self._engine)
+        return listing.any_active(self._reads)
 
     def messages(self, run_ids: Sequence[int]) -> dict[int, str]:
         """The recorded message (why it ended) of each run that has one."""
-        return listing.messages(self._engine, run_ids)
+        return listing.messages(self._reads, run_ids)
 
     # -- completeness ---------------------------------------------------------------------------------
     def check_complete(self, rows: Iterable[dict[str, object]], actor: str) -> list[int]:
@@ -258,7 +282,7 @@ class RunStore:
         """The step ranges a run's schedule logged that the database lacks, by key."""
         from attnres.tracking import completeness
 
-        return completeness.holes(self._engine, run.id, run.config_json, run.total_steps)
+        return completeness.holes(self._reads, run.id, run.config_json, run.total_steps)
 
     def recheck(self, actor: str, run_ids: Iterable[int] | None = None) -> list[int]:
         """:meth:`check_complete` over every finished and incomplete run (or those of ``run_ids``)."""
@@ -270,7 +294,7 @@ class RunStore:
         """What each finished or incomplete run among ``rows`` lacks (``train_loss steps 14-16``), read only."""
         from attnres.tracking import completeness
 
-        return {rid: completeness.text(found) for rid, found in completeness.missing(self._engine, rows).items()}
+        return {rid: completeness.text(found) for rid, found in completeness.missing(self._reads, rows).items()}
 
     # -- launches -------------------------------------------------------------------------------------
     def new_launch(self, origin: str, plan: Mapping[str, object] | None = None, study: int | None = None) -> int:

@@ -30,10 +30,10 @@ part of attnres calls to change a state.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from sqlalchemy import Engine, insert, select, text, update
-from sqlalchemy.exc import IntegrityError
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 QUEUED, RUNNING, FINISHED, FAILED = "queued", "running", "finished", "failed"
 KILLED, DIVERGED, STOPPED, PREEMPTED = "killed", "diverged", "stopped", "preempted"
@@ -114,7 +114,10 @@ def transition(engine: Engine, run_id: int, to: str, actor: str, *, where: dict[
     """
     if "status" in fields:
         raise TransitionError("give the new state as `to`, not as a field")
-    from attnres.tracking.schema import Run  # (not at import: `attnres status` reads states without the ORM)
+    from sqlalchemy import select, update
+    from sqlalchemy.exc import IntegrityError
+
+    from attnres.tracking.schema import Run  # (not at import: `attnres status` reads states without SQLAlchemy)
 
     allowed_from = sources(actor, to)
     try:
@@ -133,6 +136,9 @@ def create(engine: Engine, actor: str, status: str, **columns: object) -> int:
 
     With ``id`` among the columns (a run restored from its spool) the row keeps that id.
     """
+    from sqlalchemy import insert, text
+    from sqlalchemy.exc import IntegrityError
+
     from attnres.tracking.schema import Run
 
     if status not in INITIAL.get(actor, frozenset()):

@@ -26,8 +26,8 @@ from typing import Any
 
 from attnres.errors import AttnresError, unknown
 from attnres.runs import DEFAULT_BACKEND
-from attnres.tracking import states
-from attnres.tracking.run_store import DatabaseError, RunRecord, RunStore
+from attnres.tracking import DatabaseError, states
+from attnres.tracking.run_store import RunRecord, RunStore
 
 #: name -> "module:Class" (imported when first used, so a backend's dependencies stay optional)
 REGISTRY: dict[str, str] = {

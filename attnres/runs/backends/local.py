@@ -43,8 +43,8 @@ from attnres.runs.backends import (
 from attnres.runs.backends.devices import gpu_driver_loaded, threads_per_process, visible_gpus
 from attnres.runs.backends.processes import detached, kill_grace_s, kill_tree, process_alive
 from attnres.runs.backends.slots import Slots, Waiting, waiting
-from attnres.tracking import states
-from attnres.tracking.run_store import DatabaseError, RunRecord, RunStore
+from attnres.tracking import DatabaseError, states
+from attnres.tracking.run_store import RunRecord, RunStore
 
 
 @dataclass

@@ -97,7 +97,7 @@ def compare(
 
     store = RunStore(db, create=False)  # no database: one line at once, before the report code is imported
 
-    from attnres.reports import compare as compare_tables
+    from attnres.reports import side_by_side as compare_tables
     from attnres.reports.build import compare as run_compare
     from attnres.runs.grid import parse_pick
 

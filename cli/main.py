@@ -234,7 +234,7 @@ def status(
     """Live state of the runs: active ones and the most recent. Only reads: a run whose process is gone is shown
     so, and `attnres sync` records it."""
 
-    from attnres.runs.status import RECENT, going, grid_rows, shown, unrecorded
+    from attnres.runs.status_view import RECENT, going, grid_rows, shown, unrecorded
     from attnres.tracking import states
 
     if not RunStore.exists(db):  # nothing launched here yet: an empty listing, not an error (and no file made)
@@ -333,7 +333,7 @@ def main() -> None:
 
 
 # each module registers its verbs on app; `attnres --help` lists them in this order
-for _verbs in ("scale_cmd", "documents", "whats_next", "study_cmd", "exchange", "upkeep", "bench_cmd"):
+for _verbs in ("scale_cmd", "documents", "next_cmd", "study_cmd", "files_cmd", "database_cmd", "bench_cmd"):
     importlib.import_module(f"attnres.cli.{_verbs}")
 
 if __name__ == "__main__":

@@ -111,7 +111,7 @@ def study_cmd(
     store = RunStore(db, create=False)  # no database: one line at once, and none made
 
     from attnres.reports import build_study, studies
-    from attnres.reports.plan import MAX_SEEDS
+    from attnres.reports.next_plan import MAX_SEEDS
     from attnres.reports.scope import Asked
     from attnres.runs import study
     from attnres.runs.grid import parse_pick

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from attnres.reports import comparisons, findings
-from attnres.reports import plan as plans
+from attnres.reports import next_plan as plans
 from attnres.reports.evidence import BASELINE, TOP_TWO, Comparison
 from attnres.reports.scope import Choice, Scope, choose
 from attnres.reports.stats import ReportError

@@ -30,7 +30,7 @@ import pandas as pd
 from attnres.errors import AttnresError
 from attnres.reports.bench import _arms, _rate, _report, _rows, resolved_against_baseline, verdicts
 from attnres.reports.build import next_plan
-from attnres.reports.plan import PILOT, PILOT_PURPOSE, RESOLVE
+from attnres.reports.next_plan import PILOT, PILOT_PURPOSE, RESOLVE
 from attnres.reports.scope import Asked
 from attnres.tracking.run_store import RunStore
 

@@ -1,6 +1,6 @@
 """Where the report package meets the database and the disk (with build_scaling.py and bench.py: its I/O).
 
-database (through :mod:`attnres.tracking.reads`) -> DataFrames -> the pure modules of this package
+database (through :mod:`attnres.tracking.report_reads`) -> DataFrames -> the pure modules of this package
 -> markdown and PNG files. The library never imports reports/; reports build on the library.
 """
 
@@ -18,11 +18,11 @@ import pandas as pd
 from attnres import outputs, run_settings
 from attnres.config import ModelConfig, RunConfig
 from attnres.errors import AttnresError
-from attnres.reports import compare as cmp
 from attnres.reports import costs, studies
+from attnres.reports import side_by_side as cmp
 from attnres.reports.analysis import Analysis
 from attnres.reports.document import Inputs, assemble, bands, report_parts
-from attnres.reports.plan import KINDS, MAX_SEEDS, Plan
+from attnres.reports.next_plan import KINDS, MAX_SEEDS, Plan
 from attnres.reports.scaling import ladder_note
 from attnres.reports.scope import LATEST, Asked, Scope, choose, holding, scopes_of, select, select_arms
 from attnres.reports.stats import ReportError

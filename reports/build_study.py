@@ -17,7 +17,7 @@ from attnres.errors import AttnresError
 from attnres.reports import studies
 from attnres.reports.analysis import Analysis, analyse
 from attnres.reports.build import _scoped, db_args, launch_plans
-from attnres.reports.plan import KINDS, MAX_SEEDS
+from attnres.reports.next_plan import KINDS, MAX_SEEDS
 from attnres.reports.scope import LATEST, Asked
 from attnres.reports.stats import ReportError
 from attnres.runs.study import Outlook

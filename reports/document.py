@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from attnres.reports import depth_maps, evidence, findings
-from attnres.reports import plan as whats_next
+from attnres.reports import depth_maps, evidence, findings, next_plan
 from attnres.reports.analysis import Analysis, analyse
 from attnres.reports.escape import cell_text, markdown_table
 from attnres.reports.evidence import Comparison
@@ -43,7 +42,7 @@ class Inputs:
     others: list[Scope] = field(default_factory=list)
     tuning: str = ""  # with --tuned: the section saying which value of the setting each variant is compared at
     plans: Mapping[int, dict] = field(default_factory=dict)  # launch id -> what `attnres next` pre-registered
-    max_seeds: int = whats_next.MAX_SEEDS  # seeds per arm What's Next asks for at most
+    max_seeds: int = next_plan.MAX_SEEDS  # seeds per arm What's Next asks for at most
     db: list[str] = field(default_factory=list)  # ["--db", URL] for What's Next's commands (not the default db)
     benches: pd.DataFrame = field(default_factory=pd.DataFrame)  # stored `attnres bench` rows of the preset
     params: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # variant -> total, non_embedding
@@ -288,7 +287,7 @@ def report_parts(inp: Inputs, title: str = "AttnRes: Attention Over the Residual
     parts.append(multi_seed_section(multi_seed(inp.runs, a.table, inp.baseline, a.main.step), inp.baseline,
                                     a.main.step, a.by_variant))
     parts += [deep_section(inp, a, deep), evidence_section(a), maps_section(inp), findings.markdown(a.findings),
-              cost_section(a, inp.baseline, inp.runs.get("device")), whats_next.markdown(a.plan), inp.studies]
+              cost_section(a, inp.baseline, inp.runs.get("device")), next_plan.markdown(a.plan), inp.studies]
     after = []
     if inp.others:
         after.append("## Other Experiments in This Database\n\nNot in this document (a table never mixes "

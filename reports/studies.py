@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from attnres.errors import AttnresError
-from attnres.reports import plan as plans
+from attnres.reports import next_plan as plans
 from attnres.reports.analysis import Analysis
 from attnres.reports.escape import cell_text
 from attnres.reports.evidence import BASELINE, TOP_TWO

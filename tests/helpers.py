@@ -241,9 +241,9 @@ def curve(workdir: Path, run_id: int, key: str, db: str = "runs.db") -> dict[int
 
 def values(engine, run_id: int, key: str) -> dict[int, float]:
     """One metric of one run as the store reads it (``engine``: the database's SQLAlchemy engine): {step: value}."""
-    from attnres.tracking import store
+    from attnres.tracking import run_rows
 
-    frame = store.metrics_frame(engine, [key], [run_id])
+    frame = run_rows.metrics_frame(engine, [key], [run_id])
     return dict(zip(frame["step"], frame["value"], strict=True))
 
 

@@ -88,7 +88,7 @@ def test_the_library_import_graph_has_no_cycle():
 
 def test_the_library_never_imports_the_report_package_or_the_cli():
     library = modules(LIBRARY)
-    assert "attnres.runs.status" in library and not any(n.startswith(("attnres.cli", "attnres.reports"))
+    assert "attnres.runs.status_view" in library and not any(n.startswith(("attnres.cli", "attnres.reports"))
                                                         for n in library)
     bad = {name: sorted(i for i in imports_of(name, tree)
                         if i.startswith(("attnres.reports", "attnres.cli")) or i.split(".")[0] in {"reports", "cli"})
@@ -111,8 +111,9 @@ def test_only_reports_build_and_bench_touch_the_database_or_the_disk_in_reports(
                                                      "reports.bench", "reports.bench_power", "reports.bench_scaling"}}
     for name, tree in pure.items():
         imported = imports_of(name, tree)
-        assert not any(i.startswith(("sqlalchemy", "attnres.tracking.reads", "attnres.tracking.db",
-                                     "attnres.tracking.store", "attnres.tracking.run_store")) for i in imported), name
+        assert not any(i.startswith(("sqlalchemy", "attnres.tracking.report_reads", "attnres.tracking.db",
+                                     "attnres.tracking.run_rows", "attnres.tracking.run_store"))
+                       for i in imported), name
 
 
 OUTSIDE_TRACKING = (LIBRARY, ROOT / "reports", ROOT / "cli")
@@ -156,10 +157,10 @@ def test_nothing_outside_tracking_takes_an_engine_or_calls_what_does():
     """Outside attnres/tracking/ the database is a :class:`attnres.tracking.run_store.RunStore`: no function takes
     an engine, and no function of tracking/ that takes one is imported or called (the store's methods are)."""
     engine_fns = _engine_functions()
-    assert ("attnres.tracking.store", "get_run") in engine_fns  # (the check sees them)
+    assert ("attnres.tracking.run_rows", "get_run") in engine_fns  # (the check sees them)
     offenders: dict[str, list[str]] = {}
     for name, tree in outside_tracking().items():
-        aliases = {}  # local name -> tracking module, for `from attnres.tracking import store`
+        aliases = {}  # local name -> tracking module, for `from attnres.tracking import run_rows`
         typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
                        and ast.unparse(node.test) == "TYPE_CHECKING" for n in ast.walk(node)}  # (annotations)
         for node in ast.walk(tree):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers import attnres, in_process, runs, sha
 
-from attnres.tracking import states, store
+from attnres.tracking import run_rows, states
 from attnres.tracking.db import get_engine
 from attnres.variants.registry import resolve_run
 
@@ -66,8 +66,8 @@ CASES = [
 def recorded(workdir):
     """A database with a finished run in it: bad input must leave it byte for byte as it is."""
     engine = get_engine(str(workdir / "runs.db"))
-    run = store.create_run(engine, resolve_run("standard", "tiny", 3), actor=states.IMPORTER, status=states.FINISHED)
-    store.log_metrics(engine, run, [(10, "eval_loss", 3.0)])
+    run = run_rows.create_run(engine, resolve_run("standard", "tiny", 3), actor=states.IMPORTER, status=states.FINISHED)
+    run_rows.log_metrics(engine, run, [(10, "eval_loss", 3.0)])
     engine.dispose()
     (workdir / "huge-step.csv").write_text("variant,seed,step,key,value\nstandard,1,99999999999999999999999,a,1\n")
     (workdir / "huge-value.csv").write_text("variant,seed,step,key,value\nstandard,1,5,a,1e400\n")

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from helpers import attnres, in_process
 
-from attnres.runs.status import _cell, duration
+from attnres.runs.status_view import _cell, duration
 
 
 def plan_lines(out: str) -> list[str]:

@@ -286,7 +286,7 @@ def test_interpretation_and_whats_next_quote_the_tables(workdir):
 
 def test_no_rule_names_a_variant():
     """Verdicts, comparisons, findings and the plan reason over traits: no registry name in their code."""
-    for path in ["reports/verdicts.py", "reports/comparisons.py", "reports/findings.py", "reports/plan.py",
+    for path in ["reports/verdicts.py", "reports/comparisons.py", "reports/findings.py", "reports/next_plan.py",
                  "reports/evidence.py", "reports/analysis.py", "attnres/variants/traits.py"]:
         tree = ast.parse((ROOT / path).read_text())
         docs = {id(node.body[0].value) for node in ast.walk(tree)

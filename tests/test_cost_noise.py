@@ -14,7 +14,7 @@ from helpers import FAST, attnres, cli_here, in_process
 from scipy import stats
 
 from attnres import conditions
-from attnres.reports import compare, costs
+from attnres.reports import costs, side_by_side
 from attnres.reports.tables import per_variant
 from attnres.reports.verdicts import SPEED, cost_benefit
 from attnres.training.recorder import LoadSampler
@@ -79,7 +79,7 @@ def test_one_run_in_an_arm_means_no_spread_is_known():
 def test_compare_gives_the_same_cell_as_the_report():
     tps = {"standard": [77.0, 92.0], "block_hybrid_memory": [85.0, 69.0]}
     runs, _ = _arms(tps)
-    got = compare.cost(runs, ["standard", "block_hybrid_memory"]).set_index("variant")["tok/s vs first %"]
+    got = side_by_side.cost(runs, ["standard", "block_hybrid_memory"]).set_index("variant")["tok/s vs first %"]
     assert got["block_hybrid_memory"] == _speed_cell(tps)[0] and got["standard"] == "+0%"
 
 
@@ -96,7 +96,7 @@ def test_runs_under_clearly_different_load_are_not_alike():
     # runs that recorded no load (older runs, imports) are judged by their conditions alone
     assert _speed_cell(tps)[0].startswith("-40% (±")
     runs, _ = _arms(tps, {"standard": [0.05, 0.05], "control_block": [0.62, 0.6]})
-    got = compare.cost(runs, ["standard", "control_block"]).set_index("variant")
+    got = side_by_side.cost(runs, ["standard", "control_block"]).set_index("variant")
     assert got.at["control_block", "tok/s measured"] == "not comparable: load 0.60, 0.62 vs 0.05 of the machine"
     assert got.at["control_block", "tok/s vs first %"] == "—"
 

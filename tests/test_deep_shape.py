@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 from helpers import cli_here
 
-from attnres.tracking import states, store
+from attnres.tracking import run_rows, states
 from attnres.tracking.db import get_engine
 from attnres.variants.registry import resolve_run
 
@@ -58,10 +58,10 @@ def twins(workdir):
         for seed, value in zip((1, 2, 3), values, strict=True):
             cfg = resolve_run("standard" if variant == "deep_baseline" else variant, "tiny", seed,
                               [*SHAPE, "steps=20"])
-            run = store.create_run(engine, replace(cfg, variant=variant), actor=states.IMPORTER,
+            run = run_rows.create_run(engine, replace(cfg, variant=variant), actor=states.IMPORTER,
                                    status=states.FINISHED)
-            store.update_run(engine, run, step=20)
-            store.log_metrics(engine, run, [(0, "eval_loss", 4.0), (20, "eval_loss", value),
+            run_rows.update_run(engine, run, step=20)
+            run_rows.log_metrics(engine, run, [(0, "eval_loss", 4.0), (20, "eval_loss", value),
                                             (20, "train_loss", value + 0.1)])
     engine.dispose()
     return workdir

@@ -18,7 +18,7 @@ import pytest
 from helpers import BYTES, CLI, attnres, issue_run, queue_pid, runs, wait_for
 
 from attnres.runs.backends.local import process_alive
-from attnres.tracking import spool, states, store
+from attnres.tracking import run_rows, spool, states
 from attnres.tracking.db import get_engine
 from attnres.tracking.writer import MetricWriter
 from attnres.variants.registry import resolve_run
@@ -47,6 +47,13 @@ def fill(disk: Path) -> Path:
     return filler
 
 
+def free(filler: Path) -> None:
+    """Give the filler's room back: truncated first, as a process forked while the filler was open (a thread of an
+    earlier test in this worker may fork) would keep an unlinked file's blocks in use until it ends."""
+    os.truncate(filler, 0)
+    filler.unlink()
+
+
 @pytest.fixture
 def disk(tmp_path):
     yield mount_tmpfs(tmp_path / "disk", "2m")
@@ -56,14 +63,14 @@ def disk(tmp_path):
 def writer_on(disk: Path) -> MetricWriter:
     """A run's writer whose database and spool are both on ``disk``."""
     engine = get_engine(str(disk / "runs.db"))
-    run_id = store.create_run(engine, resolve_run("standard", "tiny", 1), actor=states.LAUNCHER)
+    run_id = run_rows.create_run(engine, resolve_run("standard", "tiny", 1), actor=states.LAUNCHER)
     w = MetricWriter(engine, run_id, disk / "logs" / "run-1.spool.jsonl", interval=0.1)
-    w.keep_snapshot(store.run_fields(engine, run_id))
+    w.keep_snapshot(run_rows.run_fields(engine, run_id))
     return w
 
 
 def steps_in_database(w: MetricWriter) -> list[int]:
-    return sorted(store.metrics_frame(w.engine, ["train_loss"], [w.run_id])["step"])
+    return sorted(run_rows.metrics_frame(w.engine, ["train_loss"], [w.run_id])["step"])
 
 
 def steps_in_spool(w: MetricWriter) -> list[int]:
@@ -86,7 +93,7 @@ def test_values_a_full_disk_refused_reach_the_spool_and_the_database_once_it_has
     assert not w.spool_ok and not w.flush(timeout=1)
     assert "cannot write spool" in capsys.readouterr().err
     assert w.held_values()[0] > 0
-    filler.unlink()
+    free(filler)
     try:
         wait_for(lambda: w.spool_ok and w.flush(timeout=5), timeout=60)  # tried again by the writer itself
     except AssertionError as exc:  # (say why: the spool's and the database's last errors)
@@ -112,10 +119,10 @@ def test_a_writer_closing_on_a_full_disk_waits_for_room_and_keeps_everything(dis
     said: list[str] = []
     wait_for(lambda: said.append(capsys.readouterr().err) or "for up to 120 s" in "".join(said), timeout=60)
     assert "held in memory only" in "".join(said) and not closed  # it waits, and says so
-    filler.unlink()
+    free(filler)
     closing.join(120)
     assert closed == [True]
-    assert steps_in_database(w) == list(range(1, 1001)) and store.status_of(w.engine, w.run_id) == states.FINISHED
+    assert steps_in_database(w) == list(range(1, 1001)) and run_rows.status_of(w.engine, w.run_id) == states.FINISHED
     assert w.spool.stat().st_size == 0  # the database has it all: the spool is emptied
 
 
@@ -160,7 +167,7 @@ def test_a_disk_full_mid_run_then_freed_loses_no_logged_value(workdir, monkeypat
 
         proc = psutil.Process(trainer)
         wait_for(lambda: not proc.is_running() or proc.cpu_percent(interval=1.0) < 20, timeout=60)
-        filler.unlink()
+        free(filler)
         wait_for(lambda: not process_alive(queue), timeout=300)
         interrupted = values_of(small / "runs.db")
         run = runs(small)[0]

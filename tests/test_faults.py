@@ -16,7 +16,7 @@ import pytest
 from helpers import FAST, LONG, attnres, cli_here, database_at, runs, sha, train_steps, wait_for
 
 from attnres.tracking.db import HEAD
-from attnres.tracking.store import metrics_frame
+from attnres.tracking.run_rows import metrics_frame
 
 pytestmark = pytest.mark.integration
 
@@ -26,13 +26,13 @@ PG = os.environ.get("ATTNRES_TEST_PG_URL")
 WRITER = textwrap.dedent("""
     import sys
     from attnres.config import RunConfig
-    from attnres.tracking import store
+    from attnres.tracking import run_rows
     from attnres.tracking.db import get_engine
     from attnres.tracking.writer import MetricWriter
     from attnres.variants.registry import resolve_run
     url, n, spool = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     engine = get_engine(url)
-    run_id = store.create_run(engine, resolve_run("standard", "tiny", n))
+    run_id = run_rows.create_run(engine, resolve_run("standard", "tiny", n))
     writer = MetricWriter(engine, run_id, spool, interval=0.05)
     for step in range(5000):
         writer.add(step, a=step * 1.0, b=1.0, c=2.0, d=3.0)

@@ -13,7 +13,7 @@ from attnres import run_settings
 from attnres.errors import AttnresError
 from attnres.reports.tuning import tune
 from attnres.runs import grid, planning
-from attnres.runs.status import grid_rows
+from attnres.runs.status_view import grid_rows
 from attnres.tracking.run_store import RunStore
 
 # -- expansion and naming (in process) ---------------------------------------------------------------

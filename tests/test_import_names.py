@@ -17,7 +17,7 @@ import pytest
 from helpers import in_process, sha
 
 from attnres.reports.escape import cell_text
-from attnres.tracking import imports, states, store
+from attnres.tracking import import_record, run_rows, states
 from attnres.tracking.db import get_engine
 from attnres.tracking.transfer import import_file
 
@@ -85,7 +85,7 @@ def old_run(engine, **columns) -> int:
     """A finished run as an earlier attnres recorded it (no checks of its names)."""
     return states.create(engine, states.IMPORTER, states.FINISHED, **{
         "variant": "standard", "seed": 42, "preset": "imported", "data": "imported:old.csv", "config_json": "{}",
-        "total_steps": 10, "step": 10, "created_at": store.now(), **columns})
+        "total_steps": 10, "step": 10, "created_at": run_rows.now(), **columns})
 
 
 def table_widths(text: str) -> list[set[int]]:
@@ -173,7 +173,7 @@ def test_a_column_named_twice_is_refused(recorded, capsys, monkeypatch):
 def test_an_import_that_fails_halfway_leaves_nothing(recorded, monkeypatch):
     """One transaction: a run is never left finished without its rows (nor its stage without its runs)."""
     (recorded.parent / "more.csv").write_text(f"{HEADER}\nstandard,1,0,eval_loss,4.0,e\nstandard,2,0,eval_loss,4.0,e\n")
-    written = imports._write
+    written = import_record._write
     calls = []
 
     def fail_second(*args):
@@ -182,7 +182,7 @@ def test_an_import_that_fails_halfway_leaves_nothing(recorded, monkeypatch):
             raise RuntimeError("killed")
         return written(*args)
 
-    monkeypatch.setattr(imports, "_write", fail_second)
+    monkeypatch.setattr(import_record, "_write", fail_second)
     before = sha(recorded)
     with pytest.raises(RuntimeError):
         import_file(get_engine(str(recorded)), recorded.parent / "more.csv")

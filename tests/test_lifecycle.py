@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from attnres.tracking import lifecycle, on_end, spool, states, store
+from attnres.tracking import lifecycle, on_end, run_rows, spool, states
 from attnres.tracking.db import get_engine
 from attnres.tracking.records import RunRecord
 from attnres.variants.registry import resolve_run
@@ -28,10 +28,10 @@ def engine(tmp_path, monkeypatch):
 
 def running(engine, tmp_path, seed: int) -> tuple[int, Path]:
     """A running run whose --on-end command appends its state to a file."""
-    run = store.create_run(engine, resolve_run("standard", "tiny", seed))
+    run = run_rows.create_run(engine, resolve_run("standard", "tiny", seed))
     ends = tmp_path / f"ends-{run}.txt"
     cmd = [sys.executable, "-c", f"import os; open({str(ends)!r}, 'a').write(os.environ['ATTNRES_STATE'] + '\\n')"]
-    store.update_run(engine, run, on_end_json=json.dumps(cmd))
+    run_rows.update_run(engine, run, on_end_json=json.dumps(cmd))
     assert states.transition(engine, run, states.RUNNING, states.TRAINER)
     return run, ends
 
@@ -49,25 +49,25 @@ def test_recording_an_end_starts_nothing_and_moving_to_it_starts_the_command_onc
     on_end.wait()
     assert ends.read_text() == "finished\n"
     assert not quiet_ends.exists()
-    assert store.status_of(engine, quiet) == states.FINISHED
+    assert run_rows.status_of(engine, quiet) == states.FINISHED
 
 
 @pytest.mark.integration  # (the --on-end command is a process)
 def test_recover_reads_the_spool_under_its_lock_and_starts_the_end_it_replays(engine, tmp_path):
     run, ends = running(engine, tmp_path, 3)
-    path = RunRecord.of(store.get_run(engine, run)).spool
+    path = RunRecord.of(run_rows.get_run(engine, run)).spool
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"r": run, "s": 5, "m": {"train_loss": 1.5}}) + "\n"
                     + spool.fields_line(run, {"status": states.FINISHED}))
     with spool.held(path), lifecycle.recover(engine, path, wait=False) as busy:  # another process holds it
         assert not busy.held and not busy.read
-    assert store.status_of(engine, run) == states.RUNNING and path.stat().st_size
+    assert run_rows.status_of(engine, run) == states.RUNNING and path.stat().st_size
     with lifecycle.recover(engine, path, only_if=lambda: False) as asked:  # (a new attempt's spool: not read)
         assert asked.held and not asked.read
-    assert store.status_of(engine, run) == states.RUNNING
+    assert run_rows.status_of(engine, run) == states.RUNNING
     with lifecycle.recover(engine, path) as got:
         assert got.read and got.counts["rows"] == 1
-        assert store.status_of(engine, run) == states.FINISHED  # judged inside, under the same lock
+        assert run_rows.status_of(engine, run) == states.FINISHED  # judged inside, under the same lock
     on_end.wait()
     assert ends.read_text() == "finished\n" and path.stat().st_size == 0
 
@@ -117,7 +117,7 @@ def test_read_verbs_call_no_writer():
     """What `status` and the documents show is derived: neither they nor the modules that build them call the
     reconciler, a sync, a completeness write or a state change (test_read_only checks the database itself)."""
     writes = {"reconcile", "sync", "recheck", "check_complete", "move", "transition", "recover", "summarize"}
-    read_modules = [ROOT / "attnres/runs/status.py", ROOT / "cli/documents.py", ROOT / "cli/exchange.py",
+    read_modules = [ROOT / "attnres/runs/status_view.py", ROOT / "cli/documents.py", ROOT / "cli/files_cmd.py",
                     *(ROOT / "reports").rglob("*.py")]
     found = []
     for path in read_modules:

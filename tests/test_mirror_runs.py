@@ -142,7 +142,7 @@ def test_a_resumed_attempt_sends_only_new_steps_and_sync_leaves_a_run_being_sent
     pytest.importorskip("mlflow")
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
     from attnres.mirrors.sender import Sender
-    from attnres.tracking import mirror_marks, states, store
+    from attnres.tracking import mirror_marks, run_rows, states
     from attnres.tracking.db import get_engine
     from attnres.tracking.run_store import RunStore
     from attnres.tracking.writer import MetricWriter
@@ -151,7 +151,7 @@ def test_a_resumed_attempt_sends_only_new_steps_and_sync_leaves_a_run_being_sent
     tmp_path = workdir
     (workdir / "logs").mkdir()  # (where the run's spool and its senders' lock live)
     engine = get_engine(str(tmp_path / "runs.db"))
-    run = store.create_run(engine, resolve_run("standard", "tiny", 1))
+    run = run_rows.create_run(engine, resolve_run("standard", "tiny", 1))
     spec = f"mlflow=sqlite:///{tmp_path}/mlflow.db"
 
     def attempt(steps, resume_at=None, end=states.PREEMPTED, status=states.RUNNING) -> None:

@@ -11,7 +11,7 @@ import pytest
 from helpers import FAST, LONG, attnres, cli_here, runs, train_steps, wait_for
 
 from attnres.runs.backends.local import process_alive
-from attnres.runs.status import grid_rows
+from attnres.runs.status_view import grid_rows
 from attnres.tracking.run_store import RunStore
 
 pytestmark = pytest.mark.integration

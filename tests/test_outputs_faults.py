@@ -21,7 +21,7 @@ from helpers import FAST, attnres, in_process, runs
 
 from attnres import outputs
 from attnres.errors import AttnresError
-from attnres.tracking import states, store
+from attnres.tracking import run_rows, states
 from attnres.tracking.db import get_engine
 from attnres.training import checkpoint
 from attnres.variants.registry import resolve_run
@@ -215,7 +215,7 @@ def test_gpus_on_a_cpu_machine_warn_then_the_run_trains_and_a_deleted_log_is_gon
 
 def test_a_queued_run_without_a_log_has_none_yet(workdir, capsys, monkeypatch):
     engine = get_engine(str(workdir / "runs.db"))
-    store.create_run(engine, resolve_run("standard", "tiny", 1), log_path=str(workdir / "logs" / "run-1.log"))
+    run_rows.create_run(engine, resolve_run("standard", "tiny", 1), log_path=str(workdir / "logs" / "run-1.log"))
     engine.dispose()
     code, _, err = in_process(["logs", "1"], capsys, monkeypatch)
     assert code == 2 and "run 1 has no log yet" in err
@@ -224,7 +224,7 @@ def test_a_queued_run_without_a_log_has_none_yet(workdir, capsys, monkeypatch):
 @pytest.mark.integration
 def test_a_trainer_started_after_its_run_was_killed_leaves_one_line(workdir, capsys, monkeypatch):
     engine = get_engine(str(workdir / "runs.db"))
-    run = store.create_run(engine, resolve_run("standard", "tiny", 1, ["steps=4"]))
+    run = run_rows.create_run(engine, resolve_run("standard", "tiny", 1, ["steps=4"]))
     engine.dispose()
     code, out, err = in_process(["kill", str(run)], capsys, monkeypatch)
     assert code == 0 and f"killed 1 run(s): {run}" in out, err
@@ -244,8 +244,8 @@ def test_status_shows_how_long_a_running_run_was_not_heard_from(workdir, capsys,
     code, _, err = in_process(["import", str(path)], capsys, monkeypatch)
     assert code == 0, err
     engine = get_engine(str(workdir / "runs.db"))
-    store.update_run(engine, 1, heartbeat_at=store.now() - timedelta(minutes=5, seconds=3))
-    store.update_run(engine, 2, heartbeat_at=store.now())
+    run_rows.update_run(engine, 1, heartbeat_at=run_rows.now() - timedelta(minutes=5, seconds=3))
+    run_rows.update_run(engine, 2, heartbeat_at=run_rows.now())
     engine.dispose()
     out = attnres("status", check=True).stdout  # (a process of its own: the table at its 200 columns)
     lines = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") > 3}

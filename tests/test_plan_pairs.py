@@ -22,7 +22,7 @@ from attnres.reports import pairs
 from attnres.reports.bench import evidence_rows
 from attnres.reports.build import next_plan, write_report
 from attnres.reports.evidence import METHOD
-from attnres.reports.plan import KINDS, NEW, RESOLVE, Plan
+from attnres.reports.next_plan import KINDS, NEW, RESOLVE, Plan
 from attnres.tracking.run_store import RunStore
 
 BASE = {42: 3.000, 1337: 3.020, 7: 2.990}

@@ -18,7 +18,7 @@ import pytest
 from helpers import FAST, INLINE, cli_here, runs, sha
 from seed_scenario import rows as seed_rows
 
-from attnres.tracking import spool, states, store
+from attnres.tracking import run_rows, spool, states
 from attnres.tracking.db import get_engine
 from attnres.tracking.records import RunRecord
 
@@ -67,7 +67,7 @@ def every_state(workdir):
                    agent_pid=None, message=None, queue_pid=dead_pid(), queue_host=host, queue_since=one["created_at"])
         del one["id"]
         conn.execute(f"insert into runs ({', '.join(one)}) values ({', '.join('?' * len(one))})", list(one.values()))
-    three = RunRecord.of(store.get_run(get_engine(str(db)), 3))
+    three = RunRecord.of(run_rows.get_run(get_engine(str(db)), 3))
     three.spool.parent.mkdir(parents=True, exist_ok=True)
     three.spool.write_text(json.dumps({"r": 3, "s": 10, "m": {"train_loss": 1.5}}) + "\n"
                            + spool.fields_line(3, {"status": states.FINISHED, "step": 12}))

@@ -381,7 +381,7 @@ def test_a_group_is_final_only_when_nothing_is_behind_and_the_default_scope_has_
 
 
 def test_depth_weights_that_are_not_numbers_are_dropped_not_fatal():
-    from attnres.tracking.depth_maps import split
+    from attnres.tracking.depth_rows import split
 
     rows = [(5, "depth:1:block 1", float("nan")), (5, "depth:1:embedding", 1.0), (5, "eval_loss", 3.0)]
     metrics, weights = split(rows)

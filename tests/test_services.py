@@ -10,7 +10,7 @@ import pytest
 from helpers import FAST, FAST_GPT2, LONG, attnres, cli_here, runs, wait_for
 
 from attnres.runs.backends.processes import process_alive
-from attnres.tracking import store
+from attnres.tracking import run_rows
 from attnres.tracking.db import get_engine
 
 pytestmark = pytest.mark.integration
@@ -24,7 +24,7 @@ def test_postgres_holds_a_runs_metrics(workdir, pg_url):
     assert "run 1: finished" in out.stdout
     engine = get_engine(pg_url)
     assert engine.dialect.name == "postgresql"
-    frame = store.metrics_frame(engine, ["eval_loss", "train_loss"])
+    frame = run_rows.metrics_frame(engine, ["eval_loss", "train_loss"])
     assert set(frame["run_id"]) == {1}
     assert len(frame[frame["key"] == "eval_loss"]) == 2  # steps 0 and 6
     assert "finished" in cli_here("status", "--db", pg_url, check=True).stdout

@@ -17,7 +17,7 @@ from helpers import FAST, LONG, cli_here, runs, train_steps, wait_for
 from sqlalchemy.exc import OperationalError
 
 from attnres.runs.backends.local import process_alive
-from attnres.tracking import spool, spool_file, states, store
+from attnres.tracking import run_rows, spool, spool_file, states
 from attnres.tracking.db import get_engine
 from attnres.tracking.records import RunRecord
 from attnres.tracking.writer import MetricWriter
@@ -33,9 +33,9 @@ def engine(tmp_path, monkeypatch):
 
 def started(engine) -> MetricWriter:
     """A run's writer as its trainer starts it, whose background thread writes only when told (flush)."""
-    run = store.create_run(engine, resolve_run("standard", "tiny", 1))
-    w = MetricWriter(engine, run, RunRecord.of(store.get_run(engine, run)).spool, interval=3600.0)
-    w.keep_snapshot(store.run_fields(engine, run))
+    run = run_rows.create_run(engine, resolve_run("standard", "tiny", 1))
+    w = MetricWriter(engine, run, RunRecord.of(run_rows.get_run(engine, run)).spool, interval=3600.0)
+    w.keep_snapshot(run_rows.run_fields(engine, run))
     w.transition(states.RUNNING, pid=os.getpid())
     assert w.flush()
     return w
@@ -65,10 +65,10 @@ def test_a_deleted_logs_folder_is_made_again_with_what_the_database_lacks(engine
     assert "was deleted or replaced; made it again with the 1 value(s)" in capsys.readouterr().err
     # the new spool alone gives the database what it lacks
     spool.ingest(engine, w.spool, truncate=False)
-    assert store.metrics_frame(engine, ["train_loss"], [w.run_id]).set_index("step")["value"].to_dict() == {
+    assert run_rows.metrics_frame(engine, ["train_loss"], [w.run_id]).set_index("step")["value"].to_dict() == {
         1: 9.0, 2: 8.0, 3: 6.5, 4: 6.0}
     assert w.close() and w.spool.stat().st_size == 0  # confirmed at the end, then emptied as usual
-    assert sorted(store.metrics_frame(engine, ["train_loss"], [w.run_id])["step"]) == [1, 2, 3, 4]
+    assert sorted(run_rows.metrics_frame(engine, ["train_loss"], [w.run_id])["step"]) == [1, 2, 3, 4]
 
 
 def test_a_replaced_spool_gets_the_pending_lines_and_a_deleted_database_is_rebuilt_from_it(engine, tmp_path):
@@ -86,8 +86,8 @@ def test_a_replaced_spool_gets_the_pending_lines_and_a_deleted_database_is_rebui
     assert [g["s"] for g in got if "r" in g] == [2, 3]
     fresh = get_engine(str(tmp_path / "fresh.db"))  # a database that lost the run: the snapshot recreates it
     assert spool.ingest(fresh, w.spool, truncate=False)["runs"] == 1
-    assert store.get_run(fresh, w.run_id).status == states.RUNNING
-    assert sorted(store.metrics_frame(fresh, ["train_loss"], [w.run_id])["step"]) == [2, 3]
+    assert run_rows.get_run(fresh, w.run_id).status == states.RUNNING
+    assert sorted(run_rows.metrics_frame(fresh, ["train_loss"], [w.run_id])["step"]) == [2, 3]
     w.close()
 
 
@@ -96,7 +96,7 @@ def test_what_is_being_written_to_the_database_when_the_spool_goes_is_written_ag
     the new spool must hold them (they are neither pending nor in the database)."""
     w = started(engine)
     entered, go = threading.Event(), threading.Event()
-    real = store.log_steps
+    real = run_rows.log_steps
 
     def slow_then_refused(*args, **kwargs):
         if entered.is_set():
@@ -105,7 +105,7 @@ def test_what_is_being_written_to_the_database_when_the_spool_goes_is_written_ag
         go.wait(30)
         raise OperationalError("insert", {}, Exception("disk I/O error"))
 
-    monkeypatch.setattr(store, "log_steps", slow_then_refused)
+    monkeypatch.setattr(run_rows, "log_steps", slow_then_refused)
     w.add(1, train_loss=2.0)
     w.add(2, train_loss=1.5)
     w.wake.set()
@@ -117,7 +117,7 @@ def test_what_is_being_written_to_the_database_when_the_spool_goes_is_written_ag
     assert w.idle.wait(30) and w.failures == 1
     assert [g["s"] for g in lines(w.spool) if "r" in g] == [1, 2, 3]
     assert w.close()
-    assert sorted(store.metrics_frame(engine, ["train_loss"], [w.run_id])["step"]) == [1, 2, 3]
+    assert sorted(run_rows.metrics_frame(engine, ["train_loss"], [w.run_id])["step"]) == [1, 2, 3]
 
 
 def test_a_logs_folder_that_cannot_be_made_again_does_not_stop_the_run(engine, tmp_path, capsys):
@@ -129,7 +129,7 @@ def test_a_logs_folder_that_cannot_be_made_again_does_not_stop_the_run(engine, t
     w.add(3, train_loss=0.5)
     assert not w.spool_ok and "cannot write spool" in capsys.readouterr().err
     assert w.close()  # the database took it all
-    assert sorted(store.metrics_frame(engine, ["train_loss"], [w.run_id])["step"]) == [1, 2, 3]
+    assert sorted(run_rows.metrics_frame(engine, ["train_loss"], [w.run_id])["step"]) == [1, 2, 3]
 
 
 def what_the_trainer_says(workdir) -> str:

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from attnres.tracking import states, store
+from attnres.tracking import run_rows, states
 from attnres.tracking.db import get_engine
 from attnres.variants.registry import resolve_run
 
@@ -36,7 +36,7 @@ SEEDS = iter(range(10**6))
 
 def new_run(engine, status: str) -> int:
     """A run in ``status``, of a config of its own (one config may have one active run only)."""
-    return store.create_run(engine, resolve_run("standard", "tiny", next(SEEDS)), actor=states.IMPORTER,
+    return run_rows.create_run(engine, resolve_run("standard", "tiny", next(SEEDS)), actor=states.IMPORTER,
                             status=status)
 
 
@@ -51,12 +51,12 @@ def test_every_transition_is_allowed_or_refused_as_the_rules_say(engine):
                 if not any((actor, s, to) in ALLOWED for s in states.STATES):
                     with pytest.raises(states.TransitionError):
                         states.transition(engine, run, to, actor)
-                    assert store.status_of(engine, run) == current
+                    assert run_rows.status_of(engine, run) == current
                     continue
                 outcome = states.transition(engine, run, to, actor, message=f"{actor} says {to}")
                 assert outcome.applied == expected, (actor, current, to)
-                assert outcome.status == store.status_of(engine, run) == (to if expected else current)
-                message = store.get_run(engine, run).message
+                assert outcome.status == run_rows.status_of(engine, run) == (to if expected else current)
+                message = run_rows.get_run(engine, run).message
                 assert message == (f"{actor} says {to}" if expected else None)  # fields go with the change only
                 seen += 1
     assert seen > len(ALLOWED)
@@ -74,8 +74,8 @@ def test_ended_runs_are_never_reopened_but_by_the_launcher():
 
 def test_a_new_row_starts_in_a_state_its_creator_may_create(engine):
     with pytest.raises(states.TransitionError):
-        store.create_run(engine, resolve_run("standard", "tiny", 1), status=states.FINISHED)  # the launcher's
-    assert store.status_of(engine, store.create_run(engine, resolve_run("standard", "tiny", 1))) == states.QUEUED
+        run_rows.create_run(engine, resolve_run("standard", "tiny", 1), status=states.FINISHED)  # the launcher's
+    assert run_rows.status_of(engine, run_rows.create_run(engine, resolve_run("standard", "tiny", 1))) == states.QUEUED
     with pytest.raises(states.TransitionError):
         states.transition(engine, 1, states.RUNNING, states.TRAINER, status=states.FINISHED)
 
@@ -104,19 +104,19 @@ def test_a_kill_and_a_late_end_race_and_exactly_one_wins(engine):
             t.join()
         assert sorted(results.values()) == [False, True]
         winner = states.KILLED if results["kill"] else states.FINISHED
-        assert store.status_of(engine, run) == winner
+        assert run_rows.status_of(engine, run) == winner
         # and whoever comes later cannot undo it
         assert not states.transition(engine, run, states.FAILED, states.MONITOR)
         assert not states.transition(engine, run, states.RUNNING, states.TRAINER)
-        assert store.status_of(engine, run) == winner
+        assert run_rows.status_of(engine, run) == winner
 
 
 def test_update_run_cannot_write_a_status(engine):
     run = new_run(engine, states.RUNNING)
     with pytest.raises(states.TransitionError):
-        store.update_run(engine, run, status=states.FINISHED)
-    store.update_run(engine, run, step=5)
-    assert store.get_run(engine, run).step == 5 and store.status_of(engine, run) == states.RUNNING
+        run_rows.update_run(engine, run, status=states.FINISHED)
+    run_rows.update_run(engine, run, step=5)
+    assert run_rows.get_run(engine, run).step == 5 and run_rows.status_of(engine, run) == states.RUNNING
 
 
 def test_the_database_index_and_the_machine_agree_on_what_is_active():
@@ -127,14 +127,14 @@ def test_the_database_index_and_the_machine_agree_on_what_is_active():
 
 def test_a_second_active_run_of_a_config_is_refused_by_the_database(engine):
     cfg = resolve_run("standard", "tiny", 1)
-    first = store.create_run(engine, cfg)
+    first = run_rows.create_run(engine, cfg)
     with pytest.raises(states.ActiveTwin):
-        store.create_run(engine, cfg)
+        run_rows.create_run(engine, cfg)
     states.transition(engine, first, states.FAILED, states.SUPERVISOR)
-    second = store.create_run(engine, cfg)  # the first is no longer active
+    second = run_rows.create_run(engine, cfg)  # the first is no longer active
     with pytest.raises(states.ActiveTwin):
         states.transition(engine, first, states.QUEUED, states.LAUNCHER)  # reopening it would make twins
-    assert store.status_of(engine, first) == states.FAILED and store.status_of(engine, second) == states.QUEUED
+    assert run_rows.status_of(engine, first) == states.FAILED and run_rows.status_of(engine, second) == states.QUEUED
 
 
 def test_who_may_create_a_run_in_which_state(engine):
@@ -146,6 +146,6 @@ def test_who_may_create_a_run_in_which_state(engine):
             if may:
                 continue  # (creating every combination would make active twins; one row each is enough below)
             with pytest.raises(states.TransitionError):
-                store.create_run(engine, cfg, actor=actor, status=status)
-    assert store.status_of(engine, store.create_run(engine, cfg, actor=states.RESTORER, status=states.KILLED)) \
+                run_rows.create_run(engine, cfg, actor=actor, status=status)
+    assert run_rows.status_of(engine, run_rows.create_run(engine, cfg, actor=states.RESTORER, status=states.KILLED)) \
         == states.KILLED

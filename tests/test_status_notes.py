@@ -21,7 +21,7 @@ def test_status_says_why_a_run_failed(workdir, capsys, monkeypatch):
 def test_a_queued_run_gone_is_said_with_the_state_the_reconciler_records():
     """A queued run whose local queue is gone would be preempted; one whose cluster job squeue forgot, failed:
     status says each with the state `attnres sync` records, never one for the other."""
-    from attnres.runs.status import JOB_GONE_MARK, ORPHAN_MARK, mark, pending_notes
+    from attnres.runs.status_view import JOB_GONE_MARK, ORPHAN_MARK, mark, pending_notes
 
     pending = {4: ("preempted", "not started: its queue (pid 7) is gone"),
                5: ("failed", "SLURM job 9 ended without recording an end")}

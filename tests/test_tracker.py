@@ -11,8 +11,8 @@ import sys
 import pytest
 from helpers import cli_here, database_at, values
 
-from attnres.runs.status import status_rows
-from attnres.tracking import spool, states, store
+from attnres.runs.status_view import status_rows
+from attnres.tracking import run_rows, spool, states
 from attnres.tracking.db import HEAD, check_location, get_engine
 from attnres.tracking.run_store import RunStore
 from attnres.tracking.writer import MetricWriter
@@ -25,7 +25,7 @@ def engine(tmp_path):
 
 
 def new_run(engine, seed: int = 1, status: str = states.FINISHED) -> int:
-    return store.create_run(engine, resolve_run("standard", "tiny", seed), actor=states.IMPORTER, status=status)
+    return run_rows.create_run(engine, resolve_run("standard", "tiny", seed), actor=states.IMPORTER, status=status)
 
 
 def test_a_logged_step_is_one_spool_line_and_both_line_forms_are_read_back(engine, tmp_path):
@@ -55,14 +55,14 @@ def test_a_locked_database_is_an_sqlalchemy_error_the_writer_retries_even_with_k
 
     engine = get_engine(str(tmp_path / "runs.db"), busy_s=0.2)
     run = new_run(engine)
-    store.log_metrics(engine, run, [(1, "a", 1.0)])  # the key's id is cached from here on
+    run_rows.log_metrics(engine, run, [(1, "a", 1.0)])  # the key's id is cached from here on
     lock = sqlite3.connect(tmp_path / "runs.db")
     lock.execute("BEGIN EXCLUSIVE")
     with pytest.raises(SQLAlchemyError, match="locked"):
-        store.log_steps(engine, run, [(2, {"a": 2.0})])
+        run_rows.log_steps(engine, run, [(2, {"a": 2.0})])
     lock.rollback()
     lock.close()
-    store.log_steps(engine, run, [(2, {"a": 2.0})])
+    run_rows.log_steps(engine, run, [(2, {"a": 2.0})])
     assert values(engine, run, "a") == {1: 1.0, 2: 2.0}
 
 
@@ -70,17 +70,17 @@ def test_cached_key_ids_follow_a_database_replaced_under_the_writer(tmp_path):
     path = tmp_path / "runs.db"
     engine = get_engine(str(path))
     run = new_run(engine)
-    store.log_metrics(engine, run, [(1, "train_loss", 3.0), (1, "lr", 0.1)])
+    run_rows.log_metrics(engine, run, [(1, "train_loss", 3.0), (1, "lr", 0.1)])
     # another database at the same path, whose key ids differ: "zeta" is its first key, then the others
     other = tmp_path / "other.db"
     built = get_engine(str(other))
     assert new_run(built) == run
-    store.log_metrics(built, run, [(1, "zeta", 1.0)])
-    store.log_metrics(built, run, [(1, "lr", 9.0), (1, "train_loss", 9.0)])
+    run_rows.log_metrics(built, run, [(1, "zeta", 1.0)])
+    run_rows.log_metrics(built, run, [(1, "lr", 9.0), (1, "train_loss", 9.0)])
     built.dispose()
     os.replace(other, path)
     check_location(engine)  # what the writer does before each write: the pool now opens the new file
-    store.log_metrics(engine, run, [(2, "train_loss", 2.0), (2, "lr", 0.2)])
+    run_rows.log_metrics(engine, run, [(2, "train_loss", 2.0), (2, "lr", 0.2)])
     with sqlite3.connect(path) as conn:
         got = dict(conn.execute("select k.name || ':' || m.step, m.value from metrics m join metric_keys k "
                                 "on k.id = m.key_id where m.step = 2").fetchall())
@@ -91,7 +91,7 @@ def test_status_lists_the_active_runs_and_the_most_recent_with_their_latest_valu
     queued = new_run(engine, seed=0, status=states.QUEUED)  # the oldest run, still active
     ids = [new_run(engine, seed=s) for s in range(1, 31)]
     for run in ids:
-        store.log_metrics(engine, run, [(s, "train_loss", 10.0 - s / 10) for s in range(1, 51)]
+        run_rows.log_metrics(engine, run, [(s, "train_loss", 10.0 - s / 10) for s in range(1, 51)]
                           + [(25, "eval_loss", 5.0), (50, "eval_loss", float(run))])
     runs = RunStore(str(tmp_path / "runs.db"))
     rows, total = status_rows(runs, recent=20)
@@ -122,10 +122,10 @@ def test_status_and_variants_answer_without_torch_pandas_or_sqlalchemy(engine, t
 
 
 def test_the_status_reads_name_only_columns_of_the_schema():
-    from attnres.tracking import listing
+    from attnres.tracking import status_reads
     from attnres.tracking.schema import Base
 
-    for name, columns in listing.NAMED.items():
+    for name, columns in status_reads.NAMED.items():
         assert set(columns) <= set(Base.metadata.tables[name].c.keys()), name
 
 
@@ -185,9 +185,9 @@ def test_summaries_are_dropped_by_any_write_and_the_report_reads_the_same_with_o
     ids = []
     for variant, offset in (("standard", 0.0), ("control_block", -0.05)):
         for seed in (1, 2, 3):
-            run = store.create_run(engine, resolve_run(variant, "tiny", seed, ["steps=40"]), actor=states.IMPORTER,
+            run = run_rows.create_run(engine, resolve_run(variant, "tiny", seed, ["steps=40"]), actor=states.IMPORTER,
                                    status=states.FINISHED)
-            store.log_metrics(engine, run, [(s, k, v + offset + seed / 1000 + s / 7) for s in range(0, 41, 2)
+            run_rows.log_metrics(engine, run, [(s, k, v + offset + seed / 1000 + s / 7) for s in range(0, 41, 2)
                                             for k, v in (("eval_loss", 4.0), ("train_loss", 3.0),
                                                          ("tokens_per_s", 1e4 + seed), ("peak_memory_bytes", 1e8))])
             ids.append(run)
@@ -200,13 +200,13 @@ def test_summaries_are_dropped_by_any_write_and_the_report_reads_the_same_with_o
 
     without = write_report(RunStore(str(workdir / "runs.db")), workdir / "a.md", plots=False)
     for run in ids:
-        store.summarize(engine, run)
+        run_rows.summarize(engine, run)
     assert summaries() == 6 * 4
     assert write_report(RunStore(str(workdir / "runs.db")), workdir / "b.md", plots=False) == without
-    store.log_metrics(engine, ids[0], [(41, "eval_loss", 1.0)])  # a late write: that run's summaries go
-    store.drop_metrics_after(engine, ids[1], 40)  # a resume point: so do these
+    run_rows.log_metrics(engine, ids[0], [(41, "eval_loss", 1.0)])  # a late write: that run's summaries go
+    run_rows.drop_metrics_after(engine, ids[1], 40)  # a resume point: so do these
     assert summaries() == 4 * 4
-    store.drop_metrics_after(engine, ids[0], 40)
+    run_rows.drop_metrics_after(engine, ids[0], 40)
     assert write_report(RunStore(str(workdir / "runs.db")), workdir / "c.md", plots=False) == without
 
 
@@ -231,8 +231,8 @@ def test_metrics_of_a_missing_run_are_refused_whole_and_foreign_keys_stay_on(eng
 
     run = new_run(engine)
     with pytest.raises(IntegrityError):
-        store.log_steps(engine, run + 1, [(1, {"train_loss": 1.0}), (2, {"train_loss": 0.5})])
-    store.log_steps(engine, run, [(s, {"train_loss": 1.0, "lr": 0.1}) for s in range(3)])
+        run_rows.log_steps(engine, run + 1, [(1, {"train_loss": 1.0}), (2, {"train_loss": 0.5})])
+    run_rows.log_steps(engine, run, [(s, {"train_loss": 1.0, "lr": 0.1}) for s in range(3)])
     assert values(engine, run, "train_loss") == {0: 1.0, 1: 1.0, 2: 1.0}
     with engine.connect() as conn:
         assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1

@@ -346,16 +346,16 @@ def test_resume_refuses_a_run_recorded_by_an_earlier_revision(workdir):
 
     from helpers import cli_here
 
-    from attnres.tracking import store
+    from attnres.tracking import run_rows
     from attnres.tracking.db import get_engine
 
     engine = get_engine(str(workdir / "runs.db"))
-    old = store.create_run(engine, replace(resolve_run("control_block", "tiny", 42), revision=1), status="failed",
+    old = run_rows.create_run(engine, replace(resolve_run("control_block", "tiny", 42), revision=1), status="failed",
                            actor="importer")
     proc = cli_here("resume", str(old))
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "revision 1 of control_block" in proc.stderr
-    assert store.get_run(engine, old).status == "failed"  # nothing recorded changed
+    assert run_rows.get_run(engine, old).status == "failed"  # nothing recorded changed
 
 
 def test_launching_a_deep_variant_on_deep48_is_one_line_and_exit_2(workdir):

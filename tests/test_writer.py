@@ -9,7 +9,7 @@ import pytest
 from helpers import values, wait_for
 
 from attnres.errors import AttnresError
-from attnres.tracking import spool, states, store
+from attnres.tracking import run_rows, spool, states
 from attnres.tracking.db import forget_engines, get_engine
 from attnres.tracking.writer import MetricWriter
 from attnres.variants.registry import resolve_run
@@ -21,13 +21,13 @@ def engine(tmp_path):
 
 
 def queued(engine) -> int:
-    return store.create_run(engine, resolve_run("standard", "tiny", 1))
+    return run_rows.create_run(engine, resolve_run("standard", "tiny", 1))
 
 
 def test_the_spool_holds_the_whole_run_until_the_writer_closes_with_everything_confirmed(engine, tmp_path):
     run = queued(engine)
     writer = MetricWriter(engine, run, tmp_path / "run.spool.jsonl", interval=0.05)
-    writer.keep_snapshot(store.run_fields(engine, run))
+    writer.keep_snapshot(run_rows.run_fields(engine, run))
     writer.transition(states.RUNNING, pid=123)
     for step in range(1, 51):
         writer.add(step, train_loss=1.0 / step, lr=0.1)
@@ -37,7 +37,7 @@ def test_the_spool_holds_the_whole_run_until_the_writer_closes_with_everything_c
     writer.transition(states.FINISHED, exit_code=0)
     assert writer.close()
     assert values(engine, run, "train_loss") == {s: 1.0 / s for s in range(1, 51)}
-    r = store.get_run(engine, run)
+    r = run_rows.get_run(engine, run)
     assert (r.status, r.step, r.pid, r.exit_code) == (states.FINISHED, 50, 123, 0)
     assert (tmp_path / "run.spool.jsonl").stat().st_size == 0
 
@@ -61,7 +61,7 @@ def test_a_locked_database_is_retried_and_loses_nothing(engine, tmp_path, monkey
     holder.close()
     assert writer.close(timeout=60)
     assert values(engine, run, "train_loss") == {s: float(s) for s in range(1, 101)}
-    assert store.status_of(engine, run) == states.RUNNING
+    assert run_rows.status_of(engine, run) == states.RUNNING
     forget_engines()
 
 
@@ -74,7 +74,7 @@ def test_a_late_end_from_the_trainer_never_undoes_a_kill(engine, tmp_path):
     writer.transition(states.FAILED, message="KeyboardInterrupt")
     writer.add(3, train_loss=1.0)
     writer.close()
-    r = store.get_run(engine, run)
+    r = run_rows.get_run(engine, run)
     assert (r.status, r.message) == (states.KILLED, "killed by attnres kill")
     assert writer.refused == [(states.FAILED, states.KILLED)]
     assert values(engine, run, "train_loss") == {3: 1.0}  # its values are still kept
@@ -98,7 +98,7 @@ def test_ingest_replays_changes_in_order_and_twice_is_once(engine, tmp_path):
     again = spool.ingest(engine, path)
     assert again["rows"] == 5 and path.stat().st_size == 0
     assert values(engine, run, "eval_loss") == {s: 10.0 - s for s in range(5)}
-    r = store.get_run(engine, run)
+    r = run_rows.get_run(engine, run)
     assert (r.status, r.step, r.pid, r.exit_code) == (states.FINISHED, 4, 7, 0)
 
 
@@ -115,7 +115,7 @@ def test_a_lost_database_is_rebuilt_from_the_snapshot_and_what_followed(tmp_path
     first = get_engine(str(tmp_path / "a.db"))
     run = queued(first)
     path = tmp_path / "s.jsonl"
-    snap = store.run_fields(first, run)
+    snap = run_rows.run_fields(first, run)
     write_spool(path, [{"run": run, "snapshot": spool._jsonable(snap)},
                        {"run": run, "fields": {"status": states.RUNNING}},
                        {"r": run, "s": 1, "k": "train_loss", "v": 2.5},
@@ -123,7 +123,7 @@ def test_a_lost_database_is_rebuilt_from_the_snapshot_and_what_followed(tmp_path
     fresh = get_engine(str(tmp_path / "b.db"))
     got = spool.ingest(fresh, path)
     assert got["runs"] == 1 and got["rows"] == 1
-    r = store.get_run(fresh, run)
+    r = run_rows.get_run(fresh, run)
     assert (r.id, r.variant, r.status, r.step) == (run, "standard", states.FINISHED, 1)
     assert r.config_hash == snap["config_hash"]
     assert values(fresh, run, "train_loss") == {1: 2.5}
@@ -172,13 +172,13 @@ def test_ingest_counts_what_it_refuses_and_skips_statuses_a_trainer_never_sets(e
                        {"run": run, "fields": {"status": states.FINISHED, "step": 9}}])
     got = spool.ingest(engine, path)
     assert (got["refused"], got["skipped"]) == (1, 1)
-    r = store.get_run(engine, run)
+    r = run_rows.get_run(engine, run)
     assert (r.status, r.step) == (states.KILLED, 0)  # the refused end's columns did not come either
 
 
 def test_a_resume_point_in_the_spool_drops_the_stale_values_before_the_new_ones(engine, tmp_path):
     run = queued(engine)
-    store.log_metrics(engine, run, [(s, "a", 1.0) for s in range(1, 11)])  # the first attempt, to step 10
+    run_rows.log_metrics(engine, run, [(s, "a", 1.0) for s in range(1, 11)])  # the first attempt, to step 10
     path = tmp_path / "s.jsonl"
     write_spool(path, [*({"r": run, "s": s, "k": "a", "v": 1.0} for s in range(8, 11)),  # its unflushed tail
                        {"run": run, "drop_after": 6},  # the second attempt resumed from step 6 ...
@@ -191,7 +191,7 @@ def test_a_spool_from_before_snapshot_lines_still_rebuilds_its_run(tmp_path):
     first = get_engine(str(tmp_path / "a.db"))
     run = queued(first)
     path = tmp_path / "s.jsonl"
-    write_spool(path, [{"run": run, "fields": spool._jsonable(store.run_fields(first, run))},  # the old format
+    write_spool(path, [{"run": run, "fields": spool._jsonable(run_rows.run_fields(first, run))},  # the old format
                        {"r": run, "s": 1, "k": "a", "v": 1.0}])
     fresh = get_engine(str(tmp_path / "b.db"))
     assert spool.ingest(fresh, path)["runs"] == 1 and values(fresh, run, "a") == {1: 1.0}
@@ -216,8 +216,8 @@ def test_the_default_database_is_resolved_at_each_call(tmp_path, monkeypatch):
         (tmp_path / name).mkdir()
         monkeypatch.chdir(tmp_path / name)
         monkeypatch.delenv("ATTNRES_DB", raising=False)
-        store.create_run(get_engine(), resolve_run("standard", "tiny", 1 if name == "a" else 2))
-    seeds = {name: list(store.runs_frame(get_engine(str(tmp_path / name / "runs.db")))["seed"]) for name in "ab"}
+        run_rows.create_run(get_engine(), resolve_run("standard", "tiny", 1 if name == "a" else 2))
+    seeds = {name: list(run_rows.runs_frame(get_engine(str(tmp_path / name / "runs.db")))["seed"]) for name in "ab"}
     assert seeds == {"a": [1], "b": [2]}
 
 
@@ -227,7 +227,7 @@ def test_a_batch_of_steps_logging_different_keys_records_each_value_once_under_i
     entries[2:2] = [(0, {"eval_loss": 9.0})]  # an eval between train steps: another set of keys
     entries.append((6, {"eval_loss": 4.0, "train_loss": 99.0}))  # a key again at a step it has: the first stays
     entries.append((7, {"lr": 0.7, "train_loss": 1 / 7}))  # the same keys in another order
-    assert store.log_steps(engine, run, entries) == 2 * 6 + 1 + 2 + 2
+    assert run_rows.log_steps(engine, run, entries) == 2 * 6 + 1 + 2 + 2
     assert values(engine, run, "train_loss") == {s: 1.0 / s for s in range(1, 8)}
     assert values(engine, run, "lr") == {s: 0.1 * s for s in range(1, 7)} | {7: 0.7}
     assert values(engine, run, "eval_loss") == {0: 9.0, 6: 4.0}

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from attnres.tracking.bench_anchor import check_server, raw_sqlite_insert_s, scratch_database
     from attnres.tracking.failures import DatabaseError, is_database_error
     from attnres.tracking.on_end import wait as wait_for_on_end
-    from attnres.tracking.reads import Results
     from attnres.tracking.records import RunRecord, StudyRecord
+    from attnres.tracking.report_reads import Results
     from attnres.tracking.run_store import RunStore
     from attnres.tracking.spool import held
     from attnres.tracking.transfer import imported_text, read_import
@@ -32,7 +32,7 @@ FACE: dict[str, tuple[str, str]] = {
     "is_database_error": ("failures", "is_database_error"),  # the same, asked without importing SQLAlchemy
     "RunRecord": ("records", "RunRecord"),
     "StudyRecord": ("records", "StudyRecord"),
-    "Results": ("reads", "Results"),  # what a report reads, in one go
+    "Results": ("report_reads", "Results"),  # what a report reads, in one go
     "MetricWriter": ("writer", "MetricWriter"),  # a trainer's writer (a store hands it out)
     "normalize_url": ("urls", "normalize_url"),  # `--db` as the URL a run records
     "upgrade_database": ("upgrade", "upgrade"),  # `attnres db upgrade` (not `upgrade`: the module's name)

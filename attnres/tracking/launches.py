@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 def create(engine: Engine, origin: str, plan: Mapping[str, object] | None = None, study: int | None = None) -> int:
     """Record a launch (``origin``: launch, next or import; ``study``: the study it is a stage of) and return its
     id, which its runs keep."""
-    from attnres.tracking.store import now
+    from attnres.tracking.run_rows import now
 
     with engine.begin() as conn:
         return int(conn.execute(insert(Launch).values(

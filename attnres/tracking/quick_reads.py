@@ -23,7 +23,7 @@ Params = Mapping[str, object]
 
 
 class Reads(Protocol):
-    """Where the statements of :mod:`attnres.tracking.listing` and :mod:`~attnres.tracking.completeness` run."""
+    """Where the statements of :mod:`attnres.tracking.status_reads` and :mod:`~attnres.tracking.completeness` run."""
 
     def all(self, sql: str, params: Params | None = None) -> list[tuple]:
         """The rows of one SELECT, as tuples."""

@@ -3,13 +3,13 @@
 Everything outside :mod:`attnres.tracking` records and reads runs through a store object, as MLflow's
 code goes through its ``AbstractStore``: the engine, the ORM rows and the SQL stay in this package,
 and what comes out are plain values (:class:`RunRecord`, dicts, DataFrames). The methods are grouped by
-the job of the tracking module that holds their SQL: runs and metrics (:mod:`~attnres.tracking.store`),
+the job of the tracking module that holds their SQL: runs and metrics (:mod:`~attnres.tracking.run_rows`),
 a run's life (:mod:`~attnres.tracking.lifecycle`), the three run listings (``status_runs``, the fast
 Core-only path of ``attnres status``; ``runs_frame``, every column; ``run_table``, what reports group),
 completeness, launches, studies, mirrors, benchmarks, depth maps, results, export and import.
 
 Modules are imported where a method needs them: ``attnres status`` opens a ``quick`` store and reads its listing
-without SQLAlchemy, the ORM or pandas (:mod:`attnres.tracking.listing`, on a read-only SQLite connection where it
+without SQLAlchemy, the ORM or pandas (:mod:`attnres.tracking.status_reads`, on a read-only SQLite connection where it
 can: :mod:`attnres.tracking.quick_reads`).
 """
 
@@ -21,7 +21,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnres.tracking import listing, urls
+from attnres.tracking import status_reads, urls
 from attnres.tracking.quick_reads import EngineReads, Reads, SqliteReads, open_sqlite
 from attnres.tracking.records import RunRecord
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from attnres.config import RunConfig
     from attnres.tracking.lifecycle import Recovery
-    from attnres.tracking.reads import Results
+    from attnres.tracking.report_reads import Results
     from attnres.tracking.states import Outcome
     from attnres.tracking.studies import Studies
     from attnres.tracking.writer import MetricWriter
@@ -119,69 +119,69 @@ class RunStore:
     # -- runs -----------------------------------------------------------------------------------------
     def create_run(self, cfg: RunConfig, **columns: object) -> int:
         """A new run row for ``cfg`` (queued, the launcher's, unless ``actor``/``status`` say otherwise)."""
-        from attnres.tracking import store
+        from attnres.tracking import run_rows
 
-        return store.create_run(self._engine, cfg, **columns)
+        return run_rows.create_run(self._engine, cfg, **columns)
 
     def run(self, run_id: int) -> RunRecord:
         """The run as recorded now (AttnresError: no such run)."""
-        from attnres.tracking import store
+        from attnres.tracking import run_rows
 
-        return RunRecord.of(store.get_run(self._engine, run_id))
+        return RunRecord.of(run_rows.get_run(self._engine, run_id))
 
     def status_of(self, run_id: int) -> str | None:
         """A run's status now (None: no such run)."""
-        from attnres.tracking import store
+        from attnres.tracking import run_rows
 
-        return store.status_of(self._engine, run_id)
+        return run_rows.status_of(self._engine, run_id)
 
     def update_run(self, run_id: int, *, where: dict[str, object] | None = None, **columns: object) -> None:
         """Change a run's bookkeeping columns, never its status (that is :meth:`move`)."""
-        from attnres.tracking import store
+        from attnres.tracking import run_rows
 
-        store.update_run(self._engine, run_id, where=where, **columns)
+        run_rows.update_run(self._engine, run_id, where=where, **columns)
 
     def runs_with_config(self, config_hash: str) -> list[tuple[int, str]]:
         """(id, status) of the runs with exactly this config, oldest first."""
-        from attnres.tracking import store
+        from attnres.tracking import run_rows
 
-        return store.runs_with_config(self._engine, config_hash)
+        return run_rows.runs_with_config(self._engine, config_hash)
 
     def active_runs(self) -> list[RunRecord]:
         """The queued and running runs."""
-        from attnres.tracking import store
+        from attnres.tracking import run_rows
 
-        return [RunRecord.of(r) for r in store.active_runs(self._engine)]
+        return [RunRecord.of(r) for r in run_rows.active_runs(self._engine)]
 
     def run_fields(self, run_id: int) -> dict[str, object]:
         """A run's row as a dict without its id (what a spool keeps, should the database be lost)."""
-        from attnres.tracking import store
+        from attnres.tracking import run_rows
 
-        return store.run_fields(self._engine, run_id)
+        return run_rows.run_fields(self._engine, run_id)
 
     def eval_at_step(self, variant: str, experiment: str, step: int, **scope: Any) -> float | None:
-        """Mean eval loss of a variant's runs at ``step`` (see :func:`attnres.tracking.store.eval_at_step`)."""
-        from attnres.tracking import store
+        """Mean eval loss of a variant's runs at ``step`` (see :func:`attnres.tracking.run_rows.eval_at_step`)."""
+        from attnres.tracking import run_rows
 
-        return store.eval_at_step(self._engine, variant, experiment, step, **scope)
+        return run_rows.eval_at_step(self._engine, variant, experiment, step, **scope)
 
     def log_metrics(self, run_id: int, rows: Sequence[tuple[int, str, float]]) -> int:
         """Write (step, key, value) rows of a run; returns how many were new."""
-        from attnres.tracking import store
+        from attnres.tracking import run_rows
 
-        return store.log_metrics(self._engine, run_id, rows)
+        return run_rows.log_metrics(self._engine, run_id, rows)
 
     def summarize(self, run_id: int) -> None:
         """Write a run's per-key summaries from its rows (at its end, or after rows came in another way)."""
-        from attnres.tracking import store
+        from attnres.tracking import run_rows
 
-        store.summarize(self._engine, run_id)
+        run_rows.summarize(self._engine, run_id)
 
     def drop_metrics_after(self, run_id: int, step: int) -> None:
         """Delete a run's values past ``step`` (a resumed attempt writes them again)."""
-        from attnres.tracking import store
+        from attnres.tracking import run_rows
 
-        store.drop_metrics_after(self._engine, run_id, step)
+        run_rows.drop_metrics_after(self._engine, run_id, step)
 
     # -- a run's life ---------------------------------------------------------------------------------
     def move(self, run_id: int, to: str, actor: str, *, where: dict[str, object] | None = None,
@@ -232,44 +232,44 @@ class RunStore:
     def status_runs(self, experiment: str | None = None, preset: str | None = None,
                     recent: int | None = None) -> tuple[list[dict[str, object]], int]:
         """What ``attnres status`` lists (active runs and the ``recent`` last), and how many match: plain SQL, no
-        ORM, no pandas (:mod:`attnres.tracking.listing`)."""
-        return listing.status_runs(self._reads, experiment, preset, recent)
+        ORM, no pandas (:mod:`attnres.tracking.status_reads`)."""
+        return status_reads.status_runs(self._reads, experiment, preset, recent)
 
     def runs_frame(self, statuses: Sequence[str] | None = None, experiment: str | None = None,
                    preset: str | None = None) -> pd.DataFrame:
         """Every column of the runs (optionally by status, experiment, preset), one row each."""
-        from attnres.tracking import store
+        from attnres.tracking import run_rows
 
-        return store.runs_frame(self._engine, statuses, experiment, preset)
+        return run_rows.runs_frame(self._engine, statuses, experiment, preset)
 
     def run_table(self, experiment: str | None = None, preset: str | None = None) -> pd.DataFrame:
         """The runs as reports group them (with their last step and budgets)."""
-        from attnres.tracking import reads
+        from attnres.tracking import report_reads
 
-        return reads.run_table(self._engine, experiment, preset)
+        return report_reads.run_table(self._engine, experiment, preset)
 
     def metrics_frame(self, keys: Sequence[str], run_ids: Sequence[int] | None = None,
                       steps: Sequence[int] | None = None) -> pd.DataFrame:
         """Long-format values (run_id, key, step, value) of the given keys (of the runs, at the steps, given)."""
-        from attnres.tracking import store
+        from attnres.tracking import run_rows
 
-        return store.metrics_frame(self._engine, keys, run_ids, steps)
+        return run_rows.metrics_frame(self._engine, keys, run_ids, steps)
 
     def latest_values(self, run_ids: Sequence[int], keys: Sequence[str]) -> dict[int, dict[str, float]]:
         """Each run's last value of each key (status's columns)."""
-        return listing.latest_values(self._reads, run_ids, keys)
+        return status_reads.latest_values(self._reads, run_ids, keys)
 
     def mean_values(self, run_ids: Sequence[int], keys: Sequence[str]) -> dict[int, dict[str, float]]:
         """Each run's mean of each key over its logged values (status's tok/s, as a report gives it)."""
-        return listing.mean_values(self._reads, run_ids, keys)
+        return status_reads.mean_values(self._reads, run_ids, keys)
 
     def any_active(self) -> bool:
         """Whether some run is queued or running."""
-        return listing.any_active(self._reads)
+        return status_reads.any_active(self._reads)
 
     def messages(self, run_ids: Sequence[int]) -> dict[int, str]:
         """The recorded message (why it ended) of each run that has one."""
-        return listing.messages(self._reads, run_ids)
+        return status_reads.messages(self._reads, run_ids)
 
     # -- completeness ---------------------------------------------------------------------------------
     def check_complete(self, rows: Iterable[dict[str, object]], actor: str) -> list[int]:
@@ -367,21 +367,21 @@ class RunStore:
 
     def depth_steps(self, run_id: int) -> list[int]:
         """The steps at which a run's depth-attention maps were recorded."""
-        from attnres.tracking import depth_maps
+        from attnres.tracking import depth_rows
 
-        return depth_maps.steps(self._engine, run_id)
+        return depth_rows.steps(self._engine, run_id)
 
     def depth_maps(self, run_ids: Sequence[int], step: int | None = None) -> pd.DataFrame:
-        from attnres.tracking import depth_maps
+        from attnres.tracking import depth_rows
 
-        return depth_maps.maps(self._engine, run_ids, step)
+        return depth_rows.maps(self._engine, run_ids, step)
 
     def load_results(self, variants: list[str] | None = None, step: int | None = None,
                      runs: pd.DataFrame | None = None) -> Results:
-        """What a report reads: runs, their evals and depth maps (:mod:`attnres.tracking.reads`)."""
-        from attnres.tracking import reads
+        """What a report reads: runs, their evals and depth maps (:mod:`attnres.tracking.report_reads`)."""
+        from attnres.tracking import report_reads
 
-        return reads.load_results(self._engine, variants, step, runs)
+        return report_reads.load_results(self._engine, variants, step, runs)
 
     # -- export and import ----------------------------------------------------------------------------
     def export(self, out: Path, fmt: str = "csv", experiment: str | None = None,

@@ -165,7 +165,7 @@ class Metric(Base):
 class MetricSummary(Base):
     """Per (run, key): row count, mean, min, max and last step of its values, so reports need not scan them.
 
-    A cache: any write of a run's metrics deletes the run's summaries (:mod:`attnres.tracking.store`),
+    A cache: any write of a run's metrics deletes the run's summaries (:mod:`attnres.tracking.run_rows`),
     and the run's end or an import writes them again; a report computes what is missing.
     """
 

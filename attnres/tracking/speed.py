@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, func, insert, select
 
-from attnres.tracking import store
+from attnres.tracking import run_rows
 from attnres.tracking.schema import Benchmark
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 def record_bench(engine: Engine, rows: Sequence[Mapping[str, Any]], device: str, threads: int, dtype: str,
                  preset: str, overrides: Sequence[str], steps: int) -> int:
     """Store one ``attnres bench`` session (one row per variant, standard first); returns its number."""
-    now = store.now()
+    now = run_rows.now()
     with engine.begin() as conn:
         session = int(conn.execute(select(func.coalesce(func.max(Benchmark.session), 0))).scalar()) + 1
         conn.execute(insert(Benchmark), [{

@@ -35,7 +35,7 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from attnres.errors import AttnresError
-from attnres.tracking import confirm, states, store
+from attnres.tracking import confirm, run_rows, states
 from attnres.tracking.db import check_location
 
 BATCH = 5000
@@ -285,7 +285,7 @@ def ingest(engine: Engine, spool: Path, truncate: bool = True,
     created = refused = 0
     for run_id, log in runs.items():
         _same_run(engine, run_id, log, spool)
-        if store.status_of(engine, run_id) is None:
+        if run_rows.status_of(engine, run_id) is None:
             if log.snapshot is None:
                 if log.metrics or log.updates:
                     raise AttnresError(f"spool {spool} holds run {run_id}, which this database lacks, "
@@ -296,11 +296,11 @@ def ingest(engine: Engine, spool: Path, truncate: bool = True,
         else:
             refused += _replay(engine, run_id, log.updates, move)
         if log.drop_after is not None:
-            store.drop_metrics_after(engine, run_id, log.drop_after)
+            run_rows.drop_metrics_after(engine, run_id, log.drop_after)
     rows = 0
     for run_id, log in runs.items():
         for start in range(0, len(log.metrics), BATCH):
-            rows += store.log_metrics(engine, run_id, log.metrics[start:start + BATCH])
+            rows += run_rows.log_metrics(engine, run_id, log.metrics[start:start + BATCH])
     if truncate:
         last = {r: (log.metrics[-1][1], log.metrics[-1][0]) if log.metrics else (None, None)
                 for r, log in runs.items()}  # (key, step) of each run's last value
@@ -319,7 +319,7 @@ def _same_run(engine: Engine, run_id: int, log: _RunLog, spool: Path) -> None:
     want = (log.snapshot or {}).get("config_hash")
     if want is None:
         return
-    have = store.config_hash_of(engine, run_id)
+    have = run_rows.config_hash_of(engine, run_id)
     if have is not None and have != want:
         raise AttnresError(f"{spool} is of another run {run_id} (config {want}) than this database's run {run_id} "
                            f"({have}): sync it into the database it came from, with --db")
@@ -330,7 +330,7 @@ def _restore(engine: Engine, run_id: int, log: _RunLog) -> None:
     row = dict(log.snapshot or {})
     for update in log.updates:
         row.update(update)
-    row = store.parse_times(row)
+    row = run_rows.parse_times(row)
     row.pop("id", None)
     if not row.get("experiment"):  # a snapshot from before experiments: its preset's, as the migration does
         row["experiment"] = row.get("preset", "")
@@ -347,14 +347,14 @@ def _replay(engine: Engine, run_id: int, updates: list[dict[str, object]],
     pending: dict[str, object] = {}
     refused = 0
     for update in updates:
-        update = store.parse_times(update)
+        update = run_rows.parse_times(update)
         if "status" not in update:
             pending.update(update)
             continue
-        store.update_run(engine, run_id, **pending)
+        run_rows.update_run(engine, run_id, **pending)
         pending = {}
         to = str(update.pop("status"))
         outcome = move(engine, run_id, to, states.TRAINER, **update)
         refused += not outcome and outcome.status != to
-    store.update_run(engine, run_id, **pending)
+    run_rows.update_run(engine, run_id, **pending)
     return refused

@@ -21,7 +21,7 @@ One row per metric point, long format:
     conditions  optional  what its throughput depends on: a JSON list of objects with device,
                        world_size, threads, compile, dtype (attnres.tracking.speed); on any one row
 
-Depth-attention maps travel as keys ``depth:SITE:SOURCE`` (see attnres.tracking.depth_maps).
+Depth-attention maps travel as keys ``depth:SITE:SOURCE`` (see attnres.tracking.depth_rows).
 
 A run is identified by its label, variant and seed and by every column that scopes a report:
 experiment, preset and (where the file gives it) total_steps. Rows that differ in one of them are
@@ -36,7 +36,7 @@ attnres.tracking.file_formats.
 Importing the same file twice records every point once: a point (run, key, step) already stored
 with the same value is counted, not written again; one stored with another value, or given two
 values in one file, refuses the file (one line naming the row), as does a column named twice. A
-file is recorded in one transaction (attnres.tracking.imports): an import stopped halfway leaves
+file is recorded in one transaction (attnres.tracking.import_record): an import stopped halfway leaves
 nothing, never a finished run without its rows.
 """
 
@@ -54,7 +54,7 @@ from sqlalchemy import Engine
 from attnres import depth_keys, outputs
 from attnres.config import EXPERIMENT_NAME, SEED_MAX, SEED_RULE
 from attnres.errors import AttnresError
-from attnres.tracking import file_formats, imports, states, store
+from attnres.tracking import file_formats, import_record, run_rows, states
 from attnres.variants.registry import canonical
 
 REQUIRED = ["variant", "seed", "step", "key", "value"]
@@ -72,12 +72,12 @@ def export(engine: Engine, out: Path, fmt: str = "csv", experiment: str | None =
     if fmt not in {"csv", "parquet"}:
         raise AttnresError(f"unknown export format '{fmt}'; choose csv or parquet")
     outputs.check(out, folder=True, inside=(f"runs.{fmt}", f"metrics.{fmt}"))
-    runs = store.runs_frame(engine, experiment=experiment, preset=preset)
+    runs = run_rows.runs_frame(engine, experiment=experiment, preset=preset)
     if runs.empty and (experiment or preset):
         raise AttnresError("no runs match " + " and ".join(f"--{k} {v}" for k, v in
                                                            (("experiment", experiment), ("preset", preset)) if v))
     outputs.prepare(out, folder=True)
-    metrics = store.all_metrics(engine, runs["id"].tolist())
+    metrics = run_rows.all_metrics(engine, runs["id"].tolist())
     cols = ["variant", "seed", "status", "preset", "experiment", "total_steps", "device", "message", "launch"]
     metrics = metrics.join(runs.rename(columns={"launch_id": "launch"}).set_index("id")[cols], on="run_id")
     # a run's conditions (JSON, see attnres.tracking.speed) on its first row only: the column stays small
@@ -230,13 +230,13 @@ def _hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _incoming(path: Path, ident: tuple, grp: pd.DataFrame, budgets: dict[str, int]) -> imports.Incoming:
-    """One run of the file as :func:`attnres.tracking.imports.record` takes it."""
+def _incoming(path: Path, ident: tuple, grp: pd.DataFrame, budgets: dict[str, int]) -> import_record.Incoming:
+    """One run of the file as :func:`attnres.tracking.import_record.record` takes it."""
     label, variant, seed, preset, experiment, given = ident
     given = None if pd.isna(given) else int(given)
     status, last = str(grp["status"].iloc[-1]), int(grp["step"].max())
     budget = given if given is not None else last if status == states.FINISHED else max(last, budgets.get(preset, last))
-    when = store.now()
+    when = run_rows.now()
     columns = dict(
         variant=variant, seed=int(seed), preset=preset, experiment=experiment, device=_given(grp, "device"),
         message=_given(grp, "message"), data=f"imported:{path.name}",
@@ -246,7 +246,7 @@ def _incoming(path: Path, ident: tuple, grp: pd.DataFrame, budgets: dict[str, in
         ended_at=None if status in states.ACTIVE else when, conditions_json=_given(grp, "conditions"),
         stop_step=last if status not in (*states.ACTIVE, states.FINISHED) else None)
     rows = list(zip(grp.index + 1, grp["step"].astype(int), grp["key"], grp["value"].astype(float), strict=True))
-    return imports.Incoming(
+    return import_record.Incoming(
         ident=str(columns["config_hash"]), legacy=_hash(f"import:{label}:{variant}:{seed}"), status=status,
         scope={"experiment": experiment, "preset": preset, "total_steps": given}, columns=columns,
         stage=_given(grp, "launch"), rows=rows)
@@ -263,8 +263,8 @@ def import_file(engine: Engine, path: Path, df: pd.DataFrame | None = None) -> d
     incoming = [_incoming(path, ident, grp, budgets)
                 for ident, grp in df.groupby(IDENTITY, sort=True, dropna=False)]
     try:
-        got = imports.record(engine, incoming, _stage_order)
-    except imports.Conflict as c:
+        got = import_record.record(engine, incoming, _stage_order)
+    except import_record.Conflict as c:
         raise AttnresError(f"{path}: row {c.row}: {c.key} at step {c.step} is {c.value}, but the database holds "
                            f"{c.stored} (run {c.run_id}): nothing was imported") from None
     return {"runs_created": got.created, "rows": got.stored, "known": got.known, "repeated": int(repeated.sum())}

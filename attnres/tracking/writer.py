@@ -35,7 +35,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from attnres.durations import env_seconds
 from attnres.errors import AttnresError
 from attnres.logline import say
-from attnres.tracking import confirm, lifecycle, spool, states, store
+from attnres.tracking import confirm, lifecycle, run_rows, spool, states
 from attnres.tracking.db import check_location
 from attnres.tracking.spool_file import SpoolFile
 
@@ -246,7 +246,7 @@ class MetricWriter:
                 ok = False
         if ok:
             try:  # the run's summaries for reports (after the last write: any write drops them); only a cache
-                store.summarize(self.engine, self.run_id)
+                run_rows.summarize(self.engine, self.run_id)
             except (SQLAlchemyError, OSError):
                 pass
         if self.mirror is not None:
@@ -323,16 +323,16 @@ class MetricWriter:
                 if self.mirror is not None:
                     self.mirror.catch_up()
             for step in drops:
-                store.drop_metrics_after(self.engine, self.run_id, step)
-            store.log_steps(self.engine, self.run_id, entries)
+                run_rows.drop_metrics_after(self.engine, self.run_id, step)
+            run_rows.log_steps(self.engine, self.run_id, entries)
             last = next((entry for entry in reversed(entries) if entry[1]), None)  # the newest step with values
             if last is not None:
                 self.last_row = (next(reversed(last[1])), last[0])
-            store.update_run(self.engine, self.run_id, **store.parse_times(fields))
+            run_rows.update_run(self.engine, self.run_id, **run_rows.parse_times(fields))
             if self.mirror is not None:
                 self.mirror.send(entries)
             for to, extra in moves:
-                outcome = lifecycle.move(self.engine, self.run_id, to, states.TRAINER, **store.parse_times(extra))
+                outcome = lifecycle.move(self.engine, self.run_id, to, states.TRAINER, **run_rows.parse_times(extra))
                 if not outcome and outcome.status != to:
                     self.refused.append((to, outcome.status))
                 if self.mirror is not None:

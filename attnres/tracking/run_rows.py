@@ -24,7 +24,7 @@ from attnres.config import RunConfig
 from attnres.errors import AttnresError
 from attnres.run_settings import matches
 from attnres.run_settings import settings as settings_of
-from attnres.tracking import depth_maps, states
+from attnres.tracking import depth_rows, states
 from attnres.tracking.db import db_identity
 from attnres.tracking.schema import DepthWeight, Metric, MetricKey, MetricSummary, Run
 from attnres.tracking.states import now
@@ -145,11 +145,11 @@ def _metric_insert(engine: Engine, run_id: int) -> str:
 def log_metrics(engine: Engine, run_id: int, rows: Sequence[tuple[int, str, float]]) -> int:
     """Insert (step, key, value) rows for one run in one transaction; returns rows given.
 
-    Depth-attention weights (keys of :mod:`attnres.tracking.depth_maps`) go to their own table.
+    Depth-attention weights (keys of :mod:`attnres.tracking.depth_rows`) go to their own table.
     """
     if not rows:
         return 0
-    metrics, weights = depth_maps.split(rows)
+    metrics, weights = depth_rows.split(rows)
     keys = {k for _, k, _ in metrics}
     _insert(engine, run_id, keys, lambda ids: ((ids[k], int(st), float(v)) for st, k, v in metrics), weights)
     return len(rows)
@@ -323,7 +323,7 @@ def drop_metrics_after(engine: Engine, run_id: int, step: int) -> None:
     with engine.begin() as conn:
         conn.execute(delete(Metric).where(Metric.run_id == run_id, Metric.step > step))
         conn.execute(delete(MetricSummary).where(MetricSummary.run_id == run_id))
-        depth_maps.drop_after(conn, run_id, step)
+        depth_rows.drop_after(conn, run_id, step)
 
 
 def summarize(engine: Engine, run_id: int) -> None:

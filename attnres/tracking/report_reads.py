@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 from sqlalchemy import Engine, func, select
 
-from attnres.tracking import depth_maps, store
+from attnres.tracking import depth_rows, run_rows
 from attnres.tracking.schema import Metric, MetricKey, MetricSummary
 from attnres.tracking.states import EARLY
 from attnres.variants.registry import superseded_runs
@@ -109,13 +109,13 @@ def _common_step(engine: Engine, runs: pd.DataFrame, last_step: pd.Series) -> in
 
 def run_table(engine: Engine, experiment: str | None = None, preset: str | None = None) -> pd.DataFrame:
     """The run rows (of one experiment or preset, or all): what a report picks its scope from."""
-    return store.runs_frame(engine, experiment=experiment, preset=preset)
+    return run_rows.runs_frame(engine, experiment=experiment, preset=preset)
 
 
 def load_results(engine: Engine, variants: list[str] | None = None, step: int | None = None,
                  runs: pd.DataFrame | None = None) -> Results:
     """What a report is computed from, for ``runs`` (default: all) of ``variants`` (default: all)."""
-    runs = store.runs_frame(engine) if runs is None else runs
+    runs = run_rows.runs_frame(engine) if runs is None else runs
     if variants is not None:
         runs = runs[runs["variant"].isin(variants)]
     old = superseded_runs(list(zip(runs["variant"], runs["config_json"], strict=True)))
@@ -157,4 +157,4 @@ def load_results(engine: Engine, variants: list[str] | None = None, step: int | 
     runs["tokens_per_s"] = stats["tokens_per_s"]["mean"]
     runs["peak_memory_bytes"] = stats["peak_memory_bytes"]["high"]
     return Results(runs.reset_index(drop=True), evals.sort_values(["run_id", "step"], ignore_index=True), common,
-                   old_runs, depth_maps.maps(engine, ids))
+                   old_runs, depth_rows.maps(engine, ids))

@@ -44,7 +44,7 @@ def next_cmd(
 
         backends.get(backend).check_detach(detach)
 
-    from attnres.reports import plan as plans
+    from attnres.reports import next_plan as plans
     from attnres.reports.build import next_plan
     from attnres.reports.scope import Asked
     from attnres.runs import orchestrator, planning

@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 
 from attnres import depth_keys
 from attnres.errors import AttnresError
-from attnres.tracking import depth_maps, records, states, store
+from attnres.tracking import depth_rows, records, run_rows, states
 from attnres.tracking.schema import DepthWeight, Launch, Metric, MetricKey, MetricSummary, Run
 
 
@@ -93,7 +93,7 @@ def record(engine: Engine, incoming: Sequence[Incoming], stage_order: Callable[[
         raise AttnresError("the database changed during the import (another import or run wrote the same "
                            "points); nothing was imported: run it again") from None
     for run_id in written:  # the summaries are a cache (store.summarize): written after the commit, as at a run's end
-        store.summarize(engine, run_id)
+        run_rows.summarize(engine, run_id)
     return done
 
 
@@ -140,7 +140,7 @@ def _new_points(conn: Connection, inc: Incoming, run_id: int | None) -> tuple[li
 
 def _stage(conn: Connection) -> int:
     """A launch of origin ``import``: the runs it creates are one stage (see attnres.tracking.launches)."""
-    return int(conn.execute(insert(Launch).values(created_at=store.now(), origin=records.IMPORT))
+    return int(conn.execute(insert(Launch).values(created_at=run_rows.now(), origin=records.IMPORT))
                .inserted_primary_key[0])
 
 
@@ -151,7 +151,7 @@ def _key_ids(conn: Connection, names: set[str]) -> dict[str, int]:
     lookup = select(MetricKey.name, MetricKey.id).where(MetricKey.name.in_(sorted(names)))
     have = dict(conn.execute(lookup).all())
     if missing := sorted(names - set(have)):
-        conn.execute(store._insert_ignore(conn, MetricKey), [{"name": n} for n in missing])  # type: ignore[arg-type]
+        conn.execute(run_rows._insert_ignore(conn, MetricKey), [{"name": n} for n in missing])  # type: ignore[arg-type]
         have = dict(conn.execute(lookup).all())
     return have
 
@@ -161,7 +161,7 @@ def _write(conn: Connection, run_id: int, rows: list[tuple[int, str, float]], id
     summaries are stale from here. Returns the points written."""
     if not rows:
         return 0
-    metrics, weights = depth_maps.split(rows)
+    metrics, weights = depth_rows.split(rows)
     if metrics:
         mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
         conn.exec_driver_sql(f"INSERT INTO metrics (run_id, key_id, step, value) VALUES ({mark}, {mark}, {mark}, "  # noqa: S608

@@ -301,3 +301,26 @@ def test_status_reads_a_current_file_read_only_and_leaves_any_other_to_the_engin
     out = cli_here("status", "--db", old)
     assert out.returncode == 2 and "attnres db upgrade" in out.stderr and old.read_bytes() == before
     assert open_sqlite(f"sqlite:///{tmp_path}/none.db", 1.0) is None and not (tmp_path / "none.db").exists()
+
+
+def test_a_database_url_names_one_file_whether_or_not_sqlalchemy_parses_it(tmp_path, monkeypatch):
+    """status reads the file through sqlite3, the engine through SQLAlchemy: a URL names the same file for both
+    (SQLAlchemy decodes `%20`), and comes back as the string SQLAlchemy renders."""
+    from pathlib import Path
+
+    from sqlalchemy.engine import URL, make_url
+
+    from attnres.tracking import urls
+
+    monkeypatch.chdir(tmp_path)
+    new_run(get_engine(str(tmp_path / "my runs.db")), status=states.KILLED)
+    for given in ("sqlite:///my%20runs.db", "sqlite:///my runs.db", "my runs.db", f"sqlite:///{tmp_path}/my runs.db"):
+        assert urls.sqlite_path(given) == tmp_path / "my runs.db", given
+        assert make_url(urls.normalize_url(given)).database == str(tmp_path / "my runs.db"), given
+        assert cli_here("status", "--db", given, check=True).stdout.count("killed") == 1, given
+    for given in ("sqlite:///runs#1.db", "sqlite:///a@b:c.db", "sqlite:///é.db", "sqlite:///a%41.db"):
+        parsed = make_url(given)
+        rendered = parsed.set(database=str(Path(parsed.database).resolve())).render_as_string(hide_password=False)
+        assert urls.normalize_url(given) == rendered, given
+        assert urls.public_url(rendered) == URL.create("sqlite", database=parsed.set(
+            database=str(Path(parsed.database).resolve())).database).render_as_string(), given

@@ -80,14 +80,15 @@ def holes(reads: Reads, run_id: int, config_json: str | None, last: int) -> dict
     if every is None:
         return {}
     out = {}
-    for key, want in _steps(every, last).items():
-        count = reads.all(ON_SCHEDULE, {"run": run_id, "key": key, "first": min(want), "last": last,
-                                        "every": every[key]})[0][0]
-        if count == len(want):
-            continue
-        have = {int(s) for (s,) in reads.all(STEPS, {"run": run_id, "key": key})}
-        if want - have:
-            out[key] = ranges(want - have, sorted(want))
+    with reads.batch():
+        for key, want in _steps(every, last).items():
+            count = reads.all(ON_SCHEDULE, {"run": run_id, "key": key, "first": min(want), "last": last,
+                                            "every": every[key]})[0][0]
+            if count == len(want):
+                continue
+            have = {int(s) for (s,) in reads.all(STEPS, {"run": run_id, "key": key})}
+            if want - have:
+                out[key] = ranges(want - have, sorted(want))
     return out
 
 
@@ -105,8 +106,10 @@ def missing(reads: Reads, rows: Iterable[dict[str, object]]) -> dict[int, dict[s
     """The holes of each finished or incomplete run among ``rows`` (id, status, total_steps, config_json) that has
     some: what :func:`check` would judge, read only (what `attnres status` shows of a hole not recorded yet)."""
     out = {}
-    for r in rows:
-        if r["status"] in (FINISHED, INCOMPLETE):
+    with reads.batch():
+        for r in rows:
+            if r["status"] not in (FINISHED, INCOMPLETE):
+                continue
             found = holes(reads, int(r["id"]), r.get("config_json"), int(r["total_steps"]))
             if found:
                 out[int(r["id"])] = found

@@ -37,7 +37,7 @@ def move(engine: Engine, run_id: int, to: str, actor: str, *, where: dict[str, o
 
 def ended(engine: Engine, run_id: int) -> None:
     """What follows a recorded end: the run's ``--on-end`` command (never raises)."""
-    from attnres.tracking import on_end  # (the ORM: only once a run ends; `attnres status` report_reads without it)
+    from attnres.tracking import on_end  # (the ORM: only once a run ends; `attnres status` reads without it)
 
     on_end.run_ended(engine, run_id)
 

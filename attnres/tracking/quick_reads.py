@@ -11,7 +11,8 @@ message is the engine's to give) the same statement text runs through the store'
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Protocol
 
 from attnres.tracking.urls import HEAD, sqlite_file
@@ -29,18 +30,35 @@ class Reads(Protocol):
         """The rows of one SELECT, as tuples."""
         ...
 
+    def batch(self) -> AbstractContextManager[None]:
+        """Statements run meanwhile share one connection (a loop of lookups: one checkout, not one each)."""
+        ...
+
 
 class EngineReads:
     """The statements through an engine (any database SQLAlchemy opens)."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        self._conn = None
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        if self._conn is not None:  # (inside another batch: its connection)
+            yield
+            return
+        with self._engine.connect() as conn:  # (on PostgreSQL a checkout pings the server: once, not per lookup)
+            self._conn = conn
+            try:
+                yield
+            finally:
+                self._conn = None
 
     def all(self, sql: str, params: Params | None = None) -> list[tuple]:
         from sqlalchemy import text
 
-        with self._engine.connect() as conn:
-            return [tuple(r) for r in conn.execute(text(sql), dict(params or {})).all()]
+        with self.batch():
+            return [tuple(r) for r in self._conn.execute(text(sql), dict(params or {})).all()]
 
 
 class SqliteReads:
@@ -57,6 +75,9 @@ class SqliteReads:
             from sqlalchemy.exc import OperationalError  # (a failure's path only)
 
             raise OperationalError(sql, dict(params or {}), exc) from None
+
+    def batch(self) -> AbstractContextManager[None]:
+        return nullcontext()  # (one connection already)
 
     def close(self) -> None:
         self._conn.close()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,17 +48,18 @@ class RunStore:
     def __init__(self, url: str | None = None, *, create: bool = True, busy_s: float | None = None,
                  quick: bool = False) -> None:
         self.url = urls.normalize_url(url)
-        self._opening = (url, create, busy_s)
         self._quick = open_sqlite(self.url, urls.busy_timeout_s() if busy_s is None else busy_s) if quick else None
+        self._opening, self._opened = (self.url if quick else url, create, busy_s), None  # (later: this file)
         if self._quick is None:
             _ = self._engine  # (opened now: a database that cannot be used is said at once, a new one made)
 
-    @cached_property
+    @property
     def _engine(self) -> Engine:
-        from attnres.tracking import db
-
-        url, create, busy_s = self._opening
-        return db.get_engine(url, create=create, busy_s=busy_s)
+        if self._opened is None:
+            from attnres.tracking import db
+            url, create, busy_s = self._opening
+            self._opened = db.get_engine(url, create=create, busy_s=busy_s)
+        return self._opened
 
     @property
     def _reads(self) -> Reads:  # where the listing's statements run: a quick store's connection, else the engine
@@ -106,8 +106,8 @@ class RunStore:
         if isinstance(self._quick, SqliteReads):
             self._quick.close()
             self._quick = None
-        if "_engine" in self.__dict__:  # (a quick store may never have opened one)
-            self._engine.dispose()
+        if self._opened is not None:  # (a quick store may never have opened one)
+            self._opened.dispose()
 
     @staticmethod
     def forget_all() -> None:

@@ -45,8 +45,9 @@ def status_runs(reads: Reads, experiment: str | None = None, preset: str | None 
         q += (f" AND (status IN ({_ACTIVE}) OR id IN (SELECT id FROM runs WHERE {match} ORDER BY id DESC"  # noqa: S608
               " LIMIT :recent))")
         shown["recent"] = recent
-    rows = [dict(zip(STATUS_COLUMNS, row, strict=True)) for row in reads.all(q + " ORDER BY id", shown)]
-    total = reads.all(f"SELECT count(*) FROM runs WHERE {match}", params)[0][0] or 0  # noqa: S608
+    with reads.batch():
+        rows = [dict(zip(STATUS_COLUMNS, row, strict=True)) for row in reads.all(q + " ORDER BY id", shown)]
+        total = reads.all(f"SELECT count(*) FROM runs WHERE {match}", params)[0][0] or 0  # noqa: S608
     return rows, int(total)
 
 
@@ -68,12 +69,13 @@ def _each(reads: Reads, run_ids: Sequence[int], keys: Sequence[str], query: str)
     if not run_ids:
         return out
     names, params = in_list("name", list(keys))
-    ids = dict(reads.all(f"SELECT name, id FROM metric_keys WHERE name IN ({names})", params))  # noqa: S608
-    for run_id in run_ids:
-        for name, key_id in ids.items():
-            found = reads.all(query, {"run": run_id, "key": key_id})
-            if found and found[0][0] is not None:
-                out[run_id][name] = float(found[0][0])
+    with reads.batch():
+        ids = dict(reads.all(f"SELECT name, id FROM metric_keys WHERE name IN ({names})", params))  # noqa: S608
+        for run_id in run_ids:
+            for name, key_id in ids.items():
+                found = reads.all(query, {"run": run_id, "key": key_id})
+                if found and found[0][0] is not None:
+                    out[run_id][name] = float(found[0][0])
     return out
 
 

@@ -8,12 +8,17 @@ is parsed by SQLAlchemy (imported then).
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+from urllib.parse import unquote
 
 from attnres import paths
 from attnres.errors import AttnresError
 
 HEAD = "0011"  # the newest Alembic revision under migrations/versions
+# a file's path that SQLAlchemy renders as it is (it percent-encodes other characters, and decodes them when it
+# parses): only such a path is taken without SQLAlchemy, so the URL is the same string either way
+_PLAIN = re.compile(r"[A-Za-z0-9_./ +~-]+")
 
 
 def default_url() -> str:
@@ -28,8 +33,8 @@ def normalize_url(db: str | None) -> str:
     if "://" not in db:
         return f"sqlite:///{Path(db).expanduser().resolve()}"
     plain = db.removeprefix("sqlite:///")
-    if plain != db and plain and "?" not in plain and plain != ":memory:":  # (a file and nothing else)
-        return f"sqlite:///{Path(plain).expanduser().resolve()}"
+    if plain != db and _PLAIN.fullmatch(plain) and _PLAIN.fullmatch(str(Path(plain).expanduser().resolve())):
+        return f"sqlite:///{Path(plain).expanduser().resolve()}"  # (a file's path that needs no encoding)
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
@@ -45,7 +50,7 @@ def normalize_url(db: str | None) -> str:
 
 def public_url(url: str) -> str:
     """A database URL without user name or password (what shared documents may show)."""
-    if url.startswith("sqlite:///") and "?" not in url:  # (a file has neither)
+    if url.startswith("sqlite:///") and _PLAIN.fullmatch(url.removeprefix("sqlite:///")):  # (a plain file's)
         return url
     from sqlalchemy.engine import URL, make_url
 
@@ -56,13 +61,14 @@ def public_url(url: str) -> str:
 def sqlite_path(db: str | None) -> Path | None:
     """The file of a SQLite database URL or path (None for other databases)."""
     url = normalize_url(db)
-    return Path(url.split("///", 1)[1]) if url.startswith("sqlite") and "///" in url else None
+    return Path(unquote(url.split("///", 1)[1])) if url.startswith("sqlite") and "///" in url else None
 
 
 def sqlite_file(url: str) -> Path | None:
-    """The file of a normalized URL when it names a plain SQLite file (no driver options, not in memory)."""
+    """The file of a normalized URL when it names a plain SQLite file (no driver options, not in memory), decoded
+    as the engine decodes it."""
     plain = url.removeprefix("sqlite:///")
-    return Path(plain) if plain != url and plain and "?" not in plain and plain != ":memory:" else None
+    return Path(unquote(plain)) if plain != url and plain and "?" not in plain and plain != ":memory:" else None
 
 
 def exists(db: str | None) -> bool:

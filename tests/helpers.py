@@ -113,8 +113,8 @@ def cli_here(*args: object, check: bool = False, timeout: float = 600,
             exc.add_note(f"attnres {' '.join(argv)} (in this process) wrote:\n{out.getvalue()}\n{err.getvalue()}")
             raise
         finally:
-            if "attnres.tracking.on_end" in sys.modules:  # a verb does not leave before its --on-end commands end
-                sys.modules["attnres.tracking.on_end"].wait()
+            if "attnres.on_end" in sys.modules:  # a verb does not leave before its --on-end commands end
+                sys.modules["attnres.on_end"].wait()
             err.writelines(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line)
                            for w in caught if not issubclass(w.category, _HIDDEN_WARNINGS))
     if isinstance(code, str):  # as the interpreter does with sys.exit("message")

@@ -317,3 +317,13 @@ def test_backends_are_known_through_their_protocol_only():
              for package in (LIBRARY, ROOT / "cli", ROOT / "reports") for name, tree in modules(package).items()
              if not name.startswith("attnres.runs.backends")}
     assert not {k: v for k, v in found.items() if v}
+
+
+def test_the_database_package_starts_no_process():
+    """attnres/tracking/ records and reads: a user's `--on-end` command is started, watched and waited for by
+    attnres/on_end.py, told its facts by tracking (end_facts); no tracking module starts or signals a process."""
+    process = ("subprocess", "signal", "multiprocessing")
+    found = {name: sorted(i for i in imports_of(name, tree) if i.startswith(process))
+             for name, tree in modules(LIBRARY).items() if name.startswith("attnres.tracking")}
+    assert not {k: v for k, v in found.items() if v}
+    assert "subprocess" in imports_of("attnres.on_end", modules(LIBRARY)["attnres.on_end"])  # (the check sees it)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from attnres.tracking import lifecycle, on_end, run_rows, spool, states
+from attnres import on_end
+from attnres.tracking import lifecycle, run_rows, spool, states
 from attnres.tracking.db import get_engine
 from attnres.tracking.records import RunRecord
 from attnres.variants.registry import resolve_run

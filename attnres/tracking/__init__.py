@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from attnres.tracking.bench_anchor import check_server, raw_sqlite_insert_s, scratch_database
     from attnres.tracking.failures import DatabaseError, is_database_error
-    from attnres.tracking.on_end import wait as wait_for_on_end
     from attnres.tracking.records import RunRecord, StudyRecord
     from attnres.tracking.report_reads import Results
     from attnres.tracking.run_store import RunStore
@@ -39,7 +38,6 @@ FACE: dict[str, tuple[str, str]] = {
     "read_import": ("transfer", "read_import"),  # an import file, checked before the database is opened
     "imported_text": ("transfer", "imported_text"),
     "held": ("spool", "held"),  # a run's spool lock (one sender of a run at a time)
-    "wait_for_on_end": ("on_end", "wait"),  # a process leaves once the --on-end commands it started end
     "raw_sqlite_insert_s": ("bench_anchor", "raw_sqlite_insert_s"),  # `attnres bench tracker`'s anchors
     "check_server": ("bench_anchor", "check_server"),
     "scratch_database": ("bench_anchor", "scratch_database"),
@@ -47,7 +45,7 @@ FACE: dict[str, tuple[str, str]] = {
 __all__ = [  # (the modules, and FACE's names)
     "DatabaseError", "MetricWriter", "Results", "RunRecord", "RunStore", "StudyRecord", "check_server", "held",
     "imported_text", "is_database_error", "normalize_url", "raw_sqlite_insert_s", "read_import", "records", "run_store",
-    "scratch_database", "states", "upgrade_database", "wait_for_on_end",
+    "scratch_database", "states", "upgrade_database",
 ]
 
 

@@ -4,7 +4,7 @@
 is what every part of attnres calls to change a run's state:
 
 * :func:`move` records a change and, when it is the run's end and this process is the one that recorded
-  it (only one can), starts the run's ``--on-end`` command (:mod:`attnres.tracking.on_end`);
+  it (only one can), starts the run's ``--on-end`` command (:mod:`attnres.tracking.end_facts`);
 * :func:`recover` takes a run's spool lock and writes what the spool holds into the database before the
   caller judges the run, under the same lock: the queue that saw a trainer exit, a monitor that found it
   gone, a relaunch reopening it, a trainer starting, ``attnres sync``. Its replay records each state change
@@ -37,9 +37,9 @@ def move(engine: Engine, run_id: int, to: str, actor: str, *, where: dict[str, o
 
 def ended(engine: Engine, run_id: int) -> None:
     """What follows a recorded end: the run's ``--on-end`` command (never raises)."""
-    from attnres.tracking import on_end  # (the ORM: only once a run ends; `attnres status` reads without it)
+    from attnres.tracking import end_facts  # (the ORM: only once a run ends; `attnres status` reads without it)
 
-    on_end.run_ended(engine, run_id)
+    end_facts.run_ended(engine, run_id)
 
 
 @dataclass

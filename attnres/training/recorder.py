@@ -21,7 +21,8 @@ import psutil
 from attnres.conditions import merged, with_load
 from attnres.errors import AttnresError
 from attnres.logline import say
-from attnres.tracking import DatabaseError, states, wait_for_on_end
+from attnres.on_end import wait as wait_for_on_end
+from attnres.tracking import DatabaseError, states
 from attnres.tracking.run_store import RunStore
 from attnres.training.loop import Ending
 

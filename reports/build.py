@@ -115,10 +115,10 @@ def variant_params(runs: pd.DataFrame, preset: str) -> dict[str, dict[str, int]]
     return out
 
 
-def benches_for(store: RunStore, runs: pd.DataFrame, preset: str) -> pd.DataFrame:
-    """The stored bench rows that measured these runs' models: the scope's preset, each variant at exactly
+def benches_for(stored: pd.DataFrame, runs: pd.DataFrame, preset: str) -> pd.DataFrame:
+    """The ``stored`` bench rows that measured these runs' models: the scope's preset, each variant at exactly
     the model config its runs trained (where they recorded one), at their dtype."""
-    rows = store.benchmarks(preset)
+    rows = stored[stored["preset"] == preset].reset_index(drop=True)
     if rows.empty:
         return rows
     models, dtypes = {}, set()
@@ -146,9 +146,9 @@ def bench_args(runs: pd.DataFrame, scope: Scope, baseline: str) -> list[str]:
     return [item for item in items if item.split("=", 1)[0] in model | {"batch_size", "dtype"}]
 
 
-def launch_plans(store: RunStore) -> dict[int, dict]:
-    """Launch id -> what ``attnres next`` pre-registered for it (its planned comparisons and seeds)."""
-    frame = store.launches_frame()
+def launch_plans(frame: pd.DataFrame) -> dict[int, dict]:
+    """Launch id -> what ``attnres next`` pre-registered for it (its planned comparisons and seeds), from the
+    stages' ``frame``."""
     return {int(i): p for i, p in zip(frame["id"], frame["plan"], strict=True) if p}
 
 
@@ -161,7 +161,8 @@ def write_report(store: RunStore, out: Path, asked: Asked = LATEST, step: int | 
     folder = figures or figures_folder(out)
     if plots:
         outputs.check(folder, folder=True, inside=FIGURE_FILES)
-    table = store.run_table()
+    read = store.report_tables()  # the small tables first, together; then the metrics of the runs in scope
+    table = read.runs
     runs, scope, others = _scoped(table, asked)
     baseline, tuned = asked.baseline, asked.tuned
     notes = []
@@ -179,10 +180,10 @@ def write_report(store: RunStore, out: Path, asked: Asked = LATEST, step: int | 
                      "(`attnres variants` lists what changed); launch them again to include them.")
     inp = Inputs(res.runs, res.evals, scope, {v.name: v.description for v in VARIANTS.values()}, traits.deep_variants(),
                  baseline, step, res.maps, provenance(store, res.runs), notes=notes, others=others,
-                 tuning=tuning_markdown(table, tuned) if table is not None else "", plans=launch_plans(store),
-                 max_seeds=max_seeds, db=db_args(store), benches=benches_for(store, res.runs, scope.preset),
+                 tuning=tuning_markdown(table, tuned) if table is not None else "", plans=launch_plans(read.launches),
+                 max_seeds=max_seeds, db=db_args(store), benches=benches_for(read.benchmarks, res.runs, scope.preset),
                  params=variant_params(res.runs, scope.preset), bench_args=bench_args(res.runs, scope, baseline),
-                 studies=studies.markdown(store.studies.frame(), replace(scope, tuned=None).label()))
+                 studies=studies.markdown(read.studies, replace(scope, tuned=None).label()))
     try:
         before, after, analysis = report_parts(inp)  # first the text: bad data fails here, before any file is written
         if plots:

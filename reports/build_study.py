@@ -35,7 +35,7 @@ def next_analysis(store: RunStore, asked: Asked = LATEST, max_seeds: int = MAX_S
         raise AttnresError(f"no runs of the baseline '{baseline}' in {scope.label()}; run it or pass --baseline")
     try:
         return res.runs, analyse(res.runs, res.evals, scope, baseline, traits.deep_variants(), None,
-                                 launch_plans(store), max_seeds, db_args(store), kinds)
+                                 launch_plans(store.launches_frame()), max_seeds, db_args(store), kinds)
     except ReportError as exc:
         raise AttnresError(f"cannot plan: {exc}") from None
 

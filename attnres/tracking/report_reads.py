@@ -107,6 +107,27 @@ def _common_step(engine: Engine, runs: pd.DataFrame, last_step: pd.Series) -> in
     return max(shared) if shared else None
 
 
+@dataclass(frozen=True)
+class Tables:
+    """The small tables a report reads before it computes anything: the run rows (its scope is chosen from them),
+    the stages with their pre-registered plans, the stored bench rows and the studies."""
+
+    runs: pd.DataFrame
+    launches: pd.DataFrame
+    benchmarks: pd.DataFrame
+    studies: pd.DataFrame
+
+
+def tables(engine: Engine) -> Tables:
+    """:class:`Tables`, read one after the other with nothing computed between (the metrics, read for the runs in
+    scope, come after: :func:`load_results`)."""
+    from attnres.tracking import launches, speed
+    from attnres.tracking.studies import Studies
+
+    return Tables(run_rows.runs_frame(engine), launches.frame(engine), speed.benchmarks(engine),
+                  Studies(engine).frame())
+
+
 def run_table(engine: Engine, experiment: str | None = None, preset: str | None = None) -> pd.DataFrame:
     """The run rows (of one experiment or preset, or all): what a report picks its scope from."""
     return run_rows.runs_frame(engine, experiment=experiment, preset=preset)

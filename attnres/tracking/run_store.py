@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from attnres.config import RunConfig
     from attnres.tracking.lifecycle import Recovery
-    from attnres.tracking.report_reads import Results
+    from attnres.tracking.report_reads import Results, Tables
     from attnres.tracking.states import Outcome
     from attnres.tracking.studies import Studies
     from attnres.tracking.writer import MetricWriter
@@ -360,11 +360,6 @@ class RunStore:
 
         return speed.record_bench(self._engine, rows, device, threads, dtype, preset, overrides, steps)
 
-    def benchmarks(self, preset: str | None = None) -> pd.DataFrame:
-        from attnres.tracking import speed
-
-        return speed.benchmarks(self._engine, preset)
-
     def depth_steps(self, run_id: int) -> list[int]:
         """The steps at which a run's depth-attention maps were recorded."""
         from attnres.tracking import depth_rows
@@ -375,6 +370,11 @@ class RunStore:
         from attnres.tracking import depth_rows
 
         return depth_rows.maps(self._engine, run_ids, step)
+
+    def report_tables(self) -> Tables:
+        """The run rows, stages, benches and studies a report reads first (:mod:`attnres.tracking.report_reads`)."""
+        from attnres.tracking import report_reads
+        return report_reads.tables(self._engine)
 
     def load_results(self, variants: list[str] | None = None, step: int | None = None,
                      runs: pd.DataFrame | None = None) -> Results:

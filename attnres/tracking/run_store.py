@@ -4,8 +4,8 @@ Everything outside :mod:`attnres.tracking` records and reads runs through a stor
 code goes through its ``AbstractStore``: the engine, the ORM rows and the SQL stay in this package,
 and what comes out are plain values (:class:`RunRecord`, dicts, DataFrames). The methods are grouped by
 the job of the tracking module that holds their SQL: runs and metrics (:mod:`~attnres.tracking.run_rows`),
-a run's life (:mod:`~attnres.tracking.lifecycle`), the three run listings (``status_runs``, the fast
-Core-only path of ``attnres status``; ``runs_frame``, every column; ``run_table``, what reports group),
+a run's life (:mod:`~attnres.tracking.lifecycle`), the three run listings (``status_runs``, the plain-SQL
+path of ``attnres status``; ``runs_frame``, every column; ``run_table``, what reports group),
 completeness, launches, studies, mirrors, benchmarks, depth maps, results, export and import.
 
 Modules are imported where a method needs them: ``attnres status`` opens a ``quick`` store and reads its listing

@@ -33,8 +33,10 @@ def normalize_url(db: str | None) -> str:
     if "://" not in db:
         return f"sqlite:///{Path(db).expanduser().resolve()}"
     plain = db.removeprefix("sqlite:///")
-    if plain != db and _PLAIN.fullmatch(plain) and _PLAIN.fullmatch(str(Path(plain).expanduser().resolve())):
-        return f"sqlite:///{Path(plain).expanduser().resolve()}"  # (a file's path that needs no encoding)
+    if plain != db and _PLAIN.fullmatch(plain):
+        path = str(Path(plain).expanduser().resolve())
+        if _PLAIN.fullmatch(path):
+            return f"sqlite:///{path}"  # (a file's path that needs no encoding)
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
